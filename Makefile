@@ -1,0 +1,39 @@
+# agentrl: `make demo` and `make test` do all set-up on a fresh machine (see README).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.agentrl-installed
+PYTEST_ARGS ?=
+
+.PHONY: install system test test-fast demo demo-smoke bench lint clean-venv
+
+install: system $(STAMP)
+
+system:
+	@bash scripts/install_system.sh
+
+$(STAMP): pyproject.toml requirements/sglang-cpu.txt scripts/install_venv.sh
+	bash scripts/install_venv.sh $(VENV)
+	@touch $(STAMP)
+
+test: install
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(VENV)/bin/pytest -m "not slow and not sglang" $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/agentrl demo
+
+demo-smoke: install
+	$(VENV)/bin/agentrl demo --smoke
+
+bench: install
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: install
+	$(VENV)/bin/ruff check agentrl tests benchmarks
+	$(VENV)/bin/mypy agentrl
+
+clean-venv:
+	rm -rf $(VENV)

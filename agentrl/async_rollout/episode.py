@@ -1,0 +1,179 @@
+"""One multi-turn episode, token-in/token-out, written as a small explicit state machine.
+
+    GENERATE ──(turn ended: EOS or a tool's stop string)──► ACT ──(observation)──► GENERATE
+        │ budget/length/abort-limit                          │ done / no tool call / budget
+        ▼                                                    ▼
+       DONE ◄────────────────────────────────────────────── DONE
+
+Invariants of the trajectory built here (see agentrl.types): ``token_ids`` is the prompt followed by exactly the
+token ids the engine returned and the observation tokens appended (never re-tokenised); ``loss_mask`` is 1 on
+engine tokens only; ``behavior_logprobs`` and ``weight_versions`` come from the engine, per token. A request the
+engine aborted (e.g. for a weight update) is continued from where it stopped, so one turn can span versions.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+from agentrl.tokenizer import ChatTokenizer
+from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
+from agentrl.env.base import Environment, Observation
+from agentrl.types import FinishReason, Task, ToolCall, ToolResult, Trajectory, Turn
+
+logger = logging.getLogger(__name__)
+
+
+class AgentState(enum.Enum):
+    GENERATE = "generate"
+    ACT = "act"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeBudget:
+    max_turns: int = 8  # model turns
+    max_response_tokens: int = 1024  # model + observation tokens after the prompt
+    max_context_tokens: int = 4096  # prompt + response
+    max_resumes: int = 8  # continuations of aborted requests within one episode
+
+
+@dataclass
+class _State:
+    """Mutable per-episode buffers; frozen into a Trajectory at the end."""
+
+    token_ids: list[int]
+    prompt_len: int
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    turn_start: int = 0
+    turn_text: str = ""
+    turn_gen_s: float = 0.0
+    finish: FinishReason = FinishReason.STOP
+    resumes: int = 0
+    tool_calls: int = 0
+    malformed: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        self.loss_mask = [0] * n
+        self.logprobs = [0.0] * n
+        self.versions = [-1] * n
+        self.turn_start = n
+
+    @property
+    def response_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+
+class EpisodeRunner:
+    """Runs episodes of any :class:`Environment` against an :class:`InferenceEngine`."""
+
+    def __init__(self, engine: InferenceEngine, tokenizer: ChatTokenizer, sampling: SamplingParams,
+                 budget: EpisodeBudget = EpisodeBudget()) -> None:
+        self.engine = engine
+        self.tok = tokenizer
+        self.sampling = sampling
+        self.budget = budget
+
+    async def run(self, env: Environment, task: Task, *, env_name: str = "", group_id: str = "",
+                  trajectory_id: str | None = None) -> Trajectory:
+        """Run one episode to the end and score it. Engine/sandbox failures propagate (the caller retries)."""
+        messages = await env.reset(task)
+        st = _State(token_ids=self.tok.encode_prompt(messages), prompt_len=0)
+        st.prompt_len = len(st.token_ids)
+        tid = trajectory_id or Trajectory.new_id()
+        state = AgentState.GENERATE
+        if st.prompt_len >= self.budget.max_context_tokens:
+            st.finish, state = FinishReason.LENGTH, AgentState.DONE
+        while state is not AgentState.DONE:
+            state = await (self._generate(st, env, tid) if state is AgentState.GENERATE else self._act(st, env))
+        response = self.tok.decode(st.token_ids[st.prompt_len:])
+        score = await env.score(response, finish_reason=st.finish.value, num_tool_calls=st.tool_calls,
+                                num_malformed=st.malformed)
+        finish = FinishReason.ERROR if score.infra_error else st.finish
+        return Trajectory(
+            trajectory_id=tid, prompt_id=task.id, group_id=group_id or task.id,
+            token_ids=st.token_ids, prompt_len=st.prompt_len, loss_mask=st.loss_mask,
+            behavior_logprobs=st.logprobs, weight_versions=st.versions, reward=score.reward,
+            finish_reason=finish, reward_breakdown=dict(score.breakdown), turns=tuple(st.turns), env=env_name,
+            metadata={"answer": task.answer, "infra_error": score.infra_error} if score.infra_error
+            else {"answer": task.answer},
+        )
+
+    def _remaining(self, st: _State) -> int:
+        return min(self.budget.max_response_tokens - st.response_len,
+                   self.budget.max_context_tokens - len(st.token_ids))
+
+    async def _generate(self, st: _State, env: Environment, tid: str) -> AgentState:
+        remaining = self._remaining(st)
+        if remaining <= 0:
+            st.finish = FinishReason.LENGTH
+            return self._end_turn(st)
+        sampling = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, remaining),
+                           stop=tuple(dict.fromkeys((*self.sampling.stop, *env.stop))))
+        t0 = time.monotonic()
+        out = await self.engine.generate(st.token_ids, sampling, sticky_key=tid)
+        st.turn_gen_s += time.monotonic() - t0
+        st.token_ids.extend(out.output_ids)
+        st.loss_mask.extend([1] * len(out.output_ids))
+        st.logprobs.extend(out.logprobs)
+        st.versions.extend(out.weight_versions)
+        st.turn_text += self.tok.decode(out.output_ids)
+        if out.finish is EngineFinish.ABORT:
+            st.resumes += 1
+            if st.resumes > self.budget.max_resumes:
+                st.finish = FinishReason.ABORTED
+                return self._end_turn(st)
+            return AgentState.GENERATE  # continue the same turn, possibly on new weights
+        if out.finish is EngineFinish.LENGTH:
+            st.finish = FinishReason.LENGTH
+            return self._end_turn(st)
+        return AgentState.ACT
+
+    async def _act(self, st: _State, env: Environment) -> AgentState:
+        t0 = time.monotonic()
+        result = await env.step(st.turn_text)
+        tool_s = time.monotonic() - t0
+        st.tool_calls += sum(1 for c in result.tool_calls if c.error is None)
+        st.malformed += sum(1 for c in result.tool_calls if c.error is not None)
+        obs_ids = self._observation_ids(result.observation) if result.observation is not None else []
+        if result.done or result.observation is None:
+            over_budget = any(r.status == "budget" for r in result.tool_results)
+            st.finish = FinishReason.MAX_TURNS if over_budget else FinishReason.STOP
+            return self._end_turn(st, result.tool_calls, result.tool_results, tool_s)
+        if len(st.turns) + 1 >= self.budget.max_turns:
+            st.finish = FinishReason.MAX_TURNS
+            return self._end_turn(st, result.tool_calls, result.tool_results, tool_s)
+        if len(obs_ids) >= self._remaining(st):
+            st.finish = FinishReason.LENGTH
+            return self._end_turn(st, result.tool_calls, result.tool_results, tool_s)
+        self._end_turn(st, result.tool_calls, result.tool_results, tool_s, observation_len=len(obs_ids))
+        st.token_ids.extend(obs_ids)
+        st.loss_mask.extend([0] * len(obs_ids))
+        st.logprobs.extend([0.0] * len(obs_ids))
+        st.versions.extend([-1] * len(obs_ids))
+        st.turn_start = len(st.token_ids)
+        return AgentState.GENERATE
+
+    def _observation_ids(self, obs: Observation) -> list[int]:
+        ids: list[int] = []
+        if obs.text:
+            ids += self.tok.encode_text(obs.text)
+        if obs.messages:
+            ids += self.tok.encode_messages_delta(obs.messages)
+        return ids
+
+    def _end_turn(self, st: _State, calls: tuple[ToolCall, ...] = (), results: tuple[ToolResult, ...] = (),
+                  tool_s: float = 0.0, *, observation_len: int = 0) -> AgentState:
+        st.turns.append(Turn(
+            index=len(st.turns), text=st.turn_text, token_start=st.turn_start,
+            token_end=len(st.token_ids), observation_len=observation_len,
+            tool_calls=calls, tool_results=results, generate_s=st.turn_gen_s, tool_s=tool_s,
+        ))
+        st.turn_text, st.turn_gen_s = "", 0.0
+        return AgentState.DONE

@@ -1,0 +1,113 @@
+"""Verifiable arithmetic word problems for the CPU demo, in families of wordings.
+
+- ``sft``: the wordings cold-start SFT traces are built from;
+- ``rl``: a wider family the RL prompts come from (includes ``sft``'s and new ones);
+- ``heldout``: wordings that never appear in SFT traces, for the held-out accuracy.
+
+Each template pairs a wording with the Python expression that solves it, so a trace can show the code.
+Everything is seeded: the same seed gives the same problems.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from agentrl.types import Task
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    text: str  # with {a}, {b}, {c}
+    expr: str  # a Python expression over a, b, c
+
+
+SFT_TEMPLATES = (
+    Template("What is {a} * {b} + {c}?", "{a} * {b} + {c}"),
+    Template("Compute {a} times {b}, then add {c}.", "{a} * {b} + {c}"),
+    Template("A shop has {a} boxes with {b} apples each and {c} loose apples. How many apples in total?",
+             "{a} * {b} + {c}"),
+    Template("What is {a} * {b} - {c}?", "{a} * {b} - {c}"),
+    Template("A farmer plants {a} rows of {b} trees, then {c} trees die. How many trees are left?",
+             "{a} * {b} - {c}"),
+    Template("What is ({a} + {b}) * {c}?", "({a} + {b}) * {c}"),
+)
+
+NEW_TEMPLATES = (
+    Template("Each of {a} students brings {b} pencils, and the teacher adds {c} more. How many pencils are there?",
+             "{a} * {b} + {c}"),
+    Template("Find the value of {c} + {a} * {b}.", "{c} + {a} * {b}"),
+    Template("A library gets {a} crates of {b} books and gives away {c} books. How many books does it gain?",
+             "{a} * {b} - {c}"),
+    Template("Add {a} and {b}, and multiply the sum by {c}. What do you get?", "({a} + {b}) * {c}"),
+    Template("There are {c} bags with {a} red and {b} blue marbles in each. How many marbles are there?",
+             "({a} + {b}) * {c}"),
+    Template("Subtract {c} from the product of {a} and {b}.", "{a} * {b} - {c}"),
+)
+
+HELDOUT_TEMPLATES = (
+    Template("A baker makes {a} trays of {b} cookies and eats {c} of them. How many cookies remain?",
+             "{a} * {b} - {c}"),
+    Template("Multiply {a} by {b} and then increase the result by {c}.", "{a} * {b} + {c}"),
+    Template("A bus carries {a} passengers on each of {b} trips, plus {c} on a final trip. "
+             "How many passengers in all?", "{a} * {b} + {c}"),
+    Template("What number is {c} times the sum of {a} and {b}?", "({a} + {b}) * {c}"),
+)
+
+FAMILIES: dict[str, tuple[Template, ...]] = {
+    "sft": SFT_TEMPLATES,
+    "rl": SFT_TEMPLATES + NEW_TEMPLATES,
+    "new": NEW_TEMPLATES,
+    "heldout": HELDOUT_TEMPLATES,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    task: Task
+    expr: str  # the concrete Python expression, e.g. "17 * 23 + 5"
+
+
+def make_problem(template: Template, rng: random.Random, *, index: int, family: str) -> Problem:
+    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(1, 99)
+    expr = template.expr.format(a=a, b=b, c=c)
+    answer = eval(expr, {"__builtins__": {}})  # our own template arithmetic, never model text
+    return Problem(Task(id=f"{family}-{index}", prompt=template.text.format(a=a, b=b, c=c), answer=str(answer),
+                        metadata={"family": family, "expr": expr}), expr)
+
+
+def problems(family: str, n: int, *, seed: int = 0) -> list[Problem]:
+    """``n`` problems of a family, deterministic in ``seed``."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown problem family {family!r}; expected one of {sorted(FAMILIES)}")
+    rng = random.Random(f"{family}:{seed}")
+    templates = FAMILIES[family]
+    return [make_problem(templates[i % len(templates)], rng, index=i, family=family) for i in range(n)]
+
+
+def task_stream(family: str, *, seed: int = 0) -> Iterator[Task]:
+    """An endless, seeded stream of tasks of a family (for RL prompts)."""
+    rng = random.Random(f"stream:{family}:{seed}")
+    templates = FAMILIES[family]
+    i = 0
+    while True:
+        yield make_problem(rng.choice(templates), rng, index=i, family=family).task
+        i += 1
+
+
+def retool_trace_parts(problem: Problem, interpreter_output: str | None = None) -> list[tuple[str, bool]]:
+    """A ReTool-style solution as (text, is_model) parts: model text, interpreter observation, model text.
+
+    The observation text is exactly what the ReTool environment appends at rollout time, and the parts are
+    tokenised separately, so SFT and RL see identical token boundaries.
+    """
+    from agentrl.env.retool import format_interpreter
+
+    answer = problem.task.answer
+    output = interpreter_output if interpreter_output is not None else str(answer)
+    return [
+        (f"Let me compute this with Python.\n<code>\nprint({problem.expr})\n</code>", True),
+        (format_interpreter(output), False),
+        (f"The answer is \\boxed{{{answer}}}.", True),
+    ]

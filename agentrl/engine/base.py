@@ -1,0 +1,74 @@
+"""The inference-engine contract the rollout side relies on (token ids in, token ids + logprobs out)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class EngineFinish(str, enum.Enum):
+    STOP = "stop"  # EOS / stop token / stop string
+    LENGTH = "length"  # max_new_tokens reached
+    ABORT = "abort"  # the server aborted the request
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """One ``/generate`` answer: exactly the tokens the engine produced, their logprobs and weight versions."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]  # one per output token
+    finish: EngineFinish
+    matched_stop: str | int | None = None
+    text: str = ""
+    latency_s: float = 0.0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def to_sglang(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "ignore_eos": self.ignore_eos,
+            # the stop string stays in the text; the tokens always stay in output_ids (token-in/token-out)
+            "no_stop_trim": True,
+            "skip_special_tokens": False,
+        }
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            params["sampling_seed"] = self.seed
+        return params
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """What an episode needs from an inference server."""
+
+    async def generate(
+        self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key: str | None = None
+    ) -> GenerateResult: ...
+
+    async def update_weights(self, path: str, version: int) -> None: ...
+
+    async def weight_version(self) -> int: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,216 @@
+"""aiohttp client for one SGLang server's native API (``/generate`` with token ids, weight updates, control).
+
+Every call has a timeout. Only failures that cannot have had an effect are retried (connection refused, 502/503
+before the server accepted the request); the rest raise :class:`EngineError` naming the server and the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
+from agentrl.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({502, 503})
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Retry policy for calls that failed before the server could act on them."""
+
+    attempts: int = 4
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * (2**attempt))
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    generate_s: float = 600.0  # one generation (a long CPU generation can take minutes)
+    control_s: float = 30.0  # health, version, pause/continue, abort
+    update_weights_s: float = 600.0  # loading new weights from disk
+
+
+def parse_version(value: Any) -> int:
+    """SGLang reports versions as strings; ours are integers. ``default`` (never set) is version 0."""
+    if value in (None, "", "default"):
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise EngineError(f"weight version {value!r} is not an integer (agentrl numbers versions 0, 1, 2, …)")
+
+
+class SGLangClient:
+    """Client for one SGLang server. Implements :class:`agentrl.engine.base.InferenceEngine`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeouts: Timeouts = Timeouts(),
+        retry: Retry = Retry(),
+        max_connections: int = 256,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeouts = timeouts
+        self.retry = retry
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, force_close=False)
+            )
+        return self._session
+
+    async def _call(self, method: str, path: str, *, json: Any = None, timeout_s: float) -> Any:
+        last: Exception | None = None
+        for attempt in range(self.retry.attempts):
+            try:
+                async with asyncio.timeout(timeout_s):
+                    async with self._http().request(method, self.url + path, json=json) as resp:
+                        body = await resp.read()
+                        if resp.status in RETRYABLE_STATUS:
+                            last = EngineError(f"{self.url}{path} answered {resp.status}: {body[:300]!r}")
+                        elif resp.status >= 400:
+                            raise EngineError(
+                                f"{method} {self.url}{path} failed with HTTP {resp.status}: "
+                                f"{body[:500].decode(errors='replace')}"
+                            )
+                        else:
+                            return await _decode(resp, body)
+            except aiohttp.ClientConnectorError as exc:  # nothing reached the server: safe to retry
+                last = exc
+            except TimeoutError as exc:
+                raise EngineError(f"{method} {self.url}{path} timed out after {timeout_s:.0f}s") from exc
+            except aiohttp.ClientError as exc:
+                raise EngineError(f"{method} {self.url}{path} failed: {exc!r}") from exc
+            if attempt + 1 < self.retry.attempts:
+                await asyncio.sleep(self.retry.delay(attempt))
+        raise EngineError(f"{method} {self.url}{path} failed after {self.retry.attempts} attempts: {last!r}")
+
+    async def generate(
+        self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key: str | None = None
+    ) -> GenerateResult:
+        del sticky_key  # one server: nothing to route
+        t0 = time.monotonic()
+        payload = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling.to_sglang(),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+        }
+        out = await self._call("POST", "/generate", json=payload, timeout_s=self.timeouts.generate_s)
+        return parse_generate(out, url=self.url, latency_s=time.monotonic() - t0)
+
+    async def update_weights(self, path: str, version: int) -> None:
+        out = await self._call(
+            "POST", "/update_weights_from_disk",
+            json={"model_path": path, "weight_version": str(version)},
+            timeout_s=self.timeouts.update_weights_s,
+        )
+        if not out.get("success", False):
+            raise EngineError(f"{self.url} failed to load weights v{version} from {path}: {out.get('message')}")
+
+    async def set_weight_version(self, version: int) -> None:
+        out = await self._call(
+            "POST", "/update_weight_version", json={"new_version": str(version)}, timeout_s=self.timeouts.control_s
+        )
+        if not out.get("success", False):
+            raise EngineError(f"{self.url} refused weight version {version}: {out.get('message')}")
+
+    async def weight_version(self) -> int:
+        info = await self._call("GET", "/get_model_info", timeout_s=self.timeouts.control_s)
+        return parse_version(info.get("weight_version"))
+
+    async def health(self) -> bool:
+        try:
+            await self._call("GET", "/health", timeout_s=self.timeouts.control_s)
+            return True
+        except EngineError:
+            return False
+
+    async def pause(self, mode: str = "abort") -> None:
+        await self._call("POST", "/pause_generation", json={"mode": mode}, timeout_s=self.timeouts.control_s)
+
+    async def resume(self) -> None:
+        await self._call("POST", "/continue_generation", json={}, timeout_s=self.timeouts.control_s)
+
+    async def abort_all(self) -> None:
+        await self._call("POST", "/abort_request", json={"abort_all": True}, timeout_s=self.timeouts.control_s)
+
+    async def flush_cache(self) -> None:
+        await self._call("POST", "/flush_cache", timeout_s=self.timeouts.control_s)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> SGLangClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def _decode(resp: aiohttp.ClientResponse, body: bytes) -> Any:
+    import json
+
+    if not body:
+        return {}
+    try:
+        return json.loads(body)
+    except ValueError:
+        return {"text": body.decode(errors="replace")}
+
+
+def parse_generate(out: Any, *, url: str, latency_s: float = 0.0) -> GenerateResult:
+    """Turn SGLang's ``/generate`` JSON into a :class:`GenerateResult`; per-token versions from its spans."""
+    if isinstance(out, list):
+        if len(out) != 1:
+            raise EngineError(f"{url}/generate returned {len(out)} results for one prompt")
+        out = out[0]
+    try:
+        meta = out["meta_info"]
+        output_ids = list(out["output_ids"])
+        lp = meta["output_token_logprobs"]
+    except (KeyError, TypeError) as exc:
+        raise EngineError(f"{url}/generate answered without output_ids/logprobs: {str(out)[:300]}") from exc
+    if len(lp) != len(output_ids) or any(int(e[1]) != t for e, t in zip(lp, output_ids)):
+        raise EngineError(f"{url}/generate: logprobs do not line up with output_ids ({len(lp)} vs {len(output_ids)})")
+    logprobs = [float(e[0]) for e in lp]
+    versions = _versions_per_token(meta, len(output_ids))
+    reason = meta.get("finish_reason") or {}
+    kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+    finish = {"length": EngineFinish.LENGTH, "abort": EngineFinish.ABORT}.get(kind or "", EngineFinish.STOP)
+    matched = reason.get("matched") if isinstance(reason, dict) else None
+    return GenerateResult(
+        output_ids=output_ids, logprobs=logprobs, weight_versions=versions, finish=finish,
+        matched_stop=matched, text=out.get("text", ""), latency_s=latency_s, meta=meta,
+    )
+
+
+def _versions_per_token(meta: dict[str, Any], n: int) -> list[int]:
+    spans = meta.get("weight_versions")
+    if spans:
+        versions = [parse_version(meta.get("weight_version"))] * n
+        for span in spans:
+            v = parse_version(span.get("version"))
+            for i in range(max(0, int(span.get("start", 0))), min(n, int(span.get("end", n)))):
+                versions[i] = v
+        return versions
+    return [parse_version(meta.get("weight_version"))] * n

@@ -1,0 +1,203 @@
+"""Start, watch and stop SGLang servers (``python -m sglang.launch_server``) as subprocesses.
+
+agentrl talks to SGLang only over HTTP, so the server may run from another Python environment
+(``SGLangServerConfig.python``), as it would in its own container on a cluster. On CPU the server gets the flags
+seen working on our machines (ENVIRONMENT.md) and our ``sgl_kernel`` stand-in on its ``PYTHONPATH``; on GPU those
+are left out and ``extra_args`` pass anything else through.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+SGL_KERNEL_CPU_DIR = Path(__file__).resolve().parent / "sgl_kernel_cpu"
+
+
+class SGLangServerConfig(BaseModel):
+    """How to start one SGLang server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: str = "float32"
+    max_total_tokens: int | None = 16384
+    context_length: int | None = None
+    tp_size: int = 1
+    mem_fraction_static: float | None = None
+    python: str = Field(default_factory=lambda: sys.executable)
+    startup_timeout_s: float = 300.0
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    log_level: str = "warning"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class SGLangServer:
+    """One SGLang server process. ``start()`` returns when ``/health`` answers; ``stop()`` kills its process group.
+
+    Use as a context manager, or call ``stop()`` in a ``finally``: a server is never left running.
+    """
+
+    def __init__(self, config: SGLangServerConfig, *, log_path: Path | None = None, name: str = "sglang") -> None:
+        if not config.model_path:
+            raise EngineError("SGLangServerConfig.model_path is empty: expected a local HF model folder")
+        self.config = config
+        self.name = name
+        self.port = config.port or free_port(config.host)
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        c = self.config
+        cmd = [
+            c.python, "-m", "sglang.launch_server",
+            "--model-path", c.model_path,
+            "--host", c.host, "--port", str(self.port),
+            "--dtype", c.dtype,
+            "--tp-size", str(c.tp_size),
+            "--log-level", c.log_level,
+            "--skip-server-warmup",
+        ]
+        if c.device == "cpu":
+            # torch-native kernels; the scheduler sleeps when idle (else it busy-spins a whole core)
+            cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+                    "--sleep-on-idle", "--disable-cuda-graph"]
+        if c.max_total_tokens:
+            cmd += ["--max-total-tokens", str(c.max_total_tokens)]
+        if c.context_length:
+            cmd += ["--context-length", str(c.context_length)]
+        if c.mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(c.mem_fraction_static)]
+        return cmd + list(c.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.config.device == "cpu":
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SGL_KERNEL_CPU_DIR), env.get("PYTHONPATH")) if p)
+        env.update(self.config.env)
+        return env
+
+    def start(self) -> SGLangServer:
+        if self._proc is not None:
+            raise EngineError(f"{self.name} is already started at {self.url}")
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self.log_path, "ab")
+        out = self._log_file if self._log_file is not None else subprocess.DEVNULL
+        logger.info("starting %s on %s with %s", self.name, self.url, self.config.model_path)
+        self._proc = subprocess.Popen(
+            self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise EngineError(
+                    f"{self.name} exited with code {self._proc.returncode} while starting; see {self.log_path}:\n"
+                    + self.log_tail()
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        logger.info("%s ready at %s", self.name, self.url)
+                        return
+            except (urllib.error.URLError, OSError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise EngineError(
+            f"{self.name} did not become ready at {self.url} within {self.config.startup_timeout_s:.0f}s; "
+            f"see {self.log_path}:\n" + self.log_tail()
+        )
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop within %.0fs; killing it", self.name, timeout_s)
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGKILL)  # scheduler/detokenizer children too
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> SGLangServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def wait_healthy(url: str, *, timeout_s: float = 10.0) -> bool:
+    """True if ``GET {url}/health`` answers 200 within ``timeout_s``."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+            async with s.get(url + "/health") as r:
+                return r.status == 200
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False

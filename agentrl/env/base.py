@@ -1,0 +1,77 @@
+"""The environment contract: a small async, gym-like surface an episode runner drives.
+
+An episode: ``messages = await env.reset(task)``; then, for each model turn, ``result = await env.step(text)``
+with the text the model generated in that turn; the episode ends when ``result.done``; finally
+``await env.score(response)`` gives the reward and ``await env.close()`` frees per-episode resources (a sandbox
+session, say). One environment instance serves one episode.
+
+Observations come back either as raw text appended right after the model's tokens (ReTool's
+``<interpreter>…</interpreter>`` inside the same assistant message) or as chat messages (a ``tool`` role turn)
+that the runner renders with the chat template. The runner never re-tokenises earlier turns.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from agentrl.types import Task, ToolCall, ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the environment answers a tool call with: ``text`` appended verbatim, or chat ``messages``."""
+
+    text: str | None = None
+    messages: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """The outcome of one model turn. ``observation`` is None when the turn called no tool."""
+
+    observation: Observation | None
+    done: bool
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """The episode's reward. ``infra_error`` set means: do not train on this sample (it is not a 0)."""
+
+    reward: float
+    breakdown: Mapping[str, float] = field(default_factory=dict)
+    infra_error: str | None = None
+
+
+class Environment(abc.ABC):
+    """Base class of environments. Subclasses set ``name`` and ``stop`` and implement the three methods."""
+
+    name: ClassVar[str] = ""
+    #: strings that end a model turn so a tool can answer (e.g. ``("</code>",)``); EOS always ends an episode
+    stop: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    async def reset(self, task: Task) -> list[dict[str, Any]]:
+        """Start an episode; return the prompt as chat messages."""
+
+    @abc.abstractmethod
+    async def step(self, text: str) -> StepResult:
+        """React to one model turn (its decoded text)."""
+
+    @abc.abstractmethod
+    async def score(self, response: str, *, finish_reason: str, num_tool_calls: int,
+                    num_malformed: int) -> Score:
+        """Reward of the whole response (all turns' model text and observations, as decoded)."""
+
+    async def close(self) -> None:
+        """Free per-episode resources. Always called, also after errors."""
+
+    async def __aenter__(self) -> Environment:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

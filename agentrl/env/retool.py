@@ -1,0 +1,164 @@
+"""ReTool: math with a Python code interpreter.
+
+The model writes ``<code>…</code>`` (optionally with a ```python fence inside); generation stops at ``</code>``;
+the sandbox runs the code in a persistent interpreter (state carries across turns) and the answer is appended as
+``\\n<interpreter>\\n…\\n</interpreter>\\n`` — tool tokens, loss mask 0. The final ``\\boxed{}`` answer is checked
+by the math reward.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.env.base import Environment, Observation, Score, StepResult
+from agentrl.env.registry import EnvResources
+from agentrl.errors import ConfigError
+from agentrl.types import Task, ToolCall, ToolResult
+
+CODE_OPEN, CODE_CLOSE = "<code>", "</code>"
+INTERPRETER_OPEN, INTERPRETER_CLOSE = "<interpreter>", "</interpreter>"
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant that solves math problems. You may run Python by writing code between "
+    "<code> and </code>; the result appears between <interpreter> and </interpreter>. "
+    "Put the final answer in \\boxed{}."
+)
+
+_FENCE = re.compile(r"^\s*```[a-zA-Z0-9_+-]*\s*\n(.*?)\n?\s*```\s*$", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class CodeCall:
+    """The code cell of one turn. ``error`` is set (and ``code`` empty) when the call is malformed."""
+
+    code: str
+    raw: str
+    error: str | None = None
+
+
+def parse_code_call(text: str) -> CodeCall | None:
+    """The code cell of one model turn, or None if the turn has no ``<code>`` tag (an answer turn).
+
+    - complete: ``…<code>X</code>…`` → ``X`` (a ```python fence around X is removed);
+    - truncated: ``<code>`` without ``</code>`` → malformed ("not closed");
+    - nested: a second ``<code>`` before the first ``</code>`` → malformed;
+    - a stray ``</code>`` with no opening tag → malformed; empty code → malformed.
+    """
+    start = text.find(CODE_OPEN)
+    close = text.find(CODE_CLOSE)
+    if start < 0:
+        if close >= 0:
+            return CodeCall("", text[: close + len(CODE_CLOSE)], "found </code> without an opening <code>")
+        return None
+    body_start = start + len(CODE_OPEN)
+    end = text.find(CODE_CLOSE, body_start)
+    if end < 0:
+        return CodeCall("", text[start:], "the <code> block is not closed with </code>")
+    body = text[body_start:end]
+    raw = text[start : end + len(CODE_CLOSE)]
+    if CODE_OPEN in body:
+        return CodeCall("", raw, "nested <code> tags: close each block with </code> before opening another")
+    fenced = _FENCE.match(body)
+    code = (fenced.group(1) if fenced else body).strip("\n")
+    if not code.strip():
+        return CodeCall("", raw, "the <code> block is empty")
+    return CodeCall(code, raw)
+
+
+def format_interpreter(output: str) -> str:
+    """The observation text appended after a code turn (kept identical in SFT traces and rollouts)."""
+    return f"\n{INTERPRETER_OPEN}\n{output.strip()}\n{INTERPRETER_CLOSE}\n"
+
+
+def render_run_output(stdout: str, stderr: str, status: str, *, max_chars: int) -> str:
+    """What the model sees of a run: stdout, then stderr on error, capped; a timeout says so."""
+    if status == "TimeLimitExceeded":
+        text = (stdout + "\n" if stdout else "") + "TimeoutError: the code ran past its time limit and was stopped"
+    elif status == "Finished":
+        text = stdout if stdout.strip() else "(no output; use print() to see values)"
+    else:
+        text = (stdout + "\n" if stdout else "") + (stderr.strip().splitlines()[-1] if stderr.strip() else "Error")
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n…[truncated {len(text) - max_chars} characters]"
+    return text
+
+
+class ReToolEnv(Environment):
+    """Math problems solved with a Python interpreter in the sandbox (one stateful session per episode)."""
+
+    name = "retool"
+    stop = (CODE_CLOSE,)
+
+    def __init__(self, resources: EnvResources, *, max_tool_calls: int = 4, code_timeout_s: float = 5.0,
+                 max_output_chars: int = 1024, system_prompt: str = SYSTEM_PROMPT, stateful: bool = True,
+                 format_weight: float = 0.0) -> None:
+        if resources.sandbox is None:
+            raise ConfigError("the retool environment needs a sandbox (EnvResources.sandbox)")
+        if resources.rewards is None:
+            raise ConfigError("the retool environment needs the math reward (EnvResources.rewards)")
+        self.resources = resources
+        self.max_tool_calls = max_tool_calls
+        self.code_timeout_s = code_timeout_s
+        self.max_output_chars = max_output_chars
+        self.system_prompt = system_prompt
+        self.stateful = stateful
+        self.format_weight = format_weight
+        self.task: Task | None = None
+        self.calls = 0
+        self._session: Any = None
+
+    async def reset(self, task: Task) -> list[dict[str, Any]]:
+        self.task = task
+        self.calls = 0
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": task.prompt}]
+
+    async def step(self, text: str) -> StepResult:
+        call = parse_code_call(text)
+        if call is None:
+            return StepResult(observation=None, done=True)
+        if call.error is not None:
+            tc = ToolCall(name="python", arguments={}, raw=call.raw, error=call.error)
+            tr = ToolResult(name="python", status="malformed", output=call.error)
+            return StepResult(Observation(text=format_interpreter(f"Error: {call.error}")), False, (tc,), (tr,))
+        self.calls += 1
+        tc = ToolCall(name="python", arguments={"code": call.code}, raw=call.raw)
+        if self.calls > self.max_tool_calls:
+            tr = ToolResult(name="python", status="budget", output="tool-call budget exhausted")
+            return StepResult(None, True, (tc,), (tr,))
+        t0 = time.monotonic()
+        result = await self._run(call.code)
+        run_status = result.run_status.value if result.run_status is not None else "SandboxError"
+        if result.is_sandbox_error:
+            output = "Error: the sandbox failed to run this code"
+        else:
+            output = render_run_output(result.stdout, result.stderr, run_status, max_chars=self.max_output_chars)
+        tr = ToolResult(name="python", status=run_status, output=output, latency_s=time.monotonic() - t0)
+        return StepResult(Observation(text=format_interpreter(output)), False, (tc,), (tr,))
+
+    async def _run(self, code: str) -> Any:
+        from agentrl.sandbox.base import Limits, RunRequest
+
+        if not self.stateful:
+            return await self.resources.sandbox.run(RunRequest(code=code, limits=Limits(time_s=self.code_timeout_s)))
+        if self._session is None:
+            self._session = await self.resources.sandbox.session("python", Limits(time_s=self.code_timeout_s))
+        return await self._session.run(code, time_s=self.code_timeout_s)
+
+    async def score(self, response: str, *, finish_reason: str, num_tool_calls: int, num_malformed: int) -> Score:
+        assert self.task is not None, "score() before reset()"
+        result = await self.resources.rewards.math(response, self.task.answer or "")
+        if result.infra_error:
+            return Score(0.0, {}, infra_error=result.infra_error)
+        correct = float(result.reward)
+        breakdown = {"correct": correct, "tool_calls": float(num_tool_calls), "malformed": float(num_malformed)}
+        fmt = 1.0 if "\\boxed{" in response and num_malformed == 0 else 0.0
+        breakdown["format"] = fmt
+        return Score(correct + self.format_weight * fmt, breakdown)
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.aclose()

@@ -1,0 +1,62 @@
+import msgpack
+import pytest
+
+from agentrl.types import SCHEMA_VERSION, FinishReason, SchemaError, ToolCall, ToolResult, Trajectory, Turn
+
+
+def make_traj(**over):
+    fields = dict(
+        trajectory_id="t1", prompt_id="p1", group_id="g1",
+        token_ids=[5, 6, 7, 100, 101, 200, 201, 102], prompt_len=3,
+        loss_mask=[0, 0, 0, 1, 1, 0, 0, 1],
+        behavior_logprobs=[0.0, 0.0, 0.0, -0.5, -1.25, 0.0, 0.0, -3.0],
+        weight_versions=[-1, -1, -1, 0, 1, -1, -1, 1],
+        reward=1.0, finish_reason=FinishReason.STOP, reward_breakdown={"correct": 1.0},
+        turns=(Turn(index=0, text="<code>print(1)</code>", token_start=3, token_end=5, observation_len=2,
+                    tool_calls=(ToolCall("python", {"code": "print(1)"}, raw="<code>print(1)</code>"),),
+                    tool_results=(ToolResult("python", "Finished", "1", 0.01),), generate_s=0.2, tool_s=0.01),
+               Turn(index=1, text="\\boxed{1}", token_start=7, token_end=8)),
+        env="retool", metadata={"answer": "1", "nested": {"k": [1, 2]}},
+    )
+    fields.update(over)
+    return Trajectory(**fields)
+
+
+def test_msgpack_round_trip_is_exact():
+    t = make_traj()
+    back = Trajectory.from_msgpack(t.to_msgpack())
+    assert back == t
+    assert back.token_ids == [5, 6, 7, 100, 101, 200, 201, 102]
+    assert back.generated_versions == [0, 1, 1]
+    assert back.min_version == 0 and back.num_model_tokens == 3
+
+
+def test_float32_logprobs_from_engine_survive_exactly():
+    import numpy as np
+
+    lp = [float(np.float32(x)) for x in (-0.123456789, -7.3e-5, -12.5)]
+    t = make_traj(token_ids=[1, 2, 3], prompt_len=0, loss_mask=[1, 1, 1], behavior_logprobs=lp,
+                  weight_versions=[2, 2, 2], turns=())
+    assert Trajectory.from_msgpack(t.to_msgpack()).behavior_logprobs == lp
+
+
+def test_wire_carries_schema_version_and_rejects_others():
+    t = make_traj()
+    wire = msgpack.unpackb(t.to_msgpack())
+    assert wire["schema"] == SCHEMA_VERSION
+    wire["schema"] = SCHEMA_VERSION + 1
+    with pytest.raises(SchemaError, match="schema"):
+        Trajectory.from_msgpack(msgpack.packb(wire))
+
+
+@pytest.mark.parametrize("payload", [b"", b"\xff\xfe garbage", msgpack.packb([1, 2]), msgpack.packb({"schema": 1})])
+def test_garbage_payloads_raise_schema_error(payload):
+    with pytest.raises(SchemaError):
+        Trajectory.from_msgpack(payload)
+
+
+def test_misaligned_arrays_are_rejected():
+    with pytest.raises(SchemaError, match="loss_mask"):
+        make_traj(loss_mask=[0, 1])
+    with pytest.raises(SchemaError, match="prompt tokens"):
+        make_traj(loss_mask=[1, 0, 0, 1, 1, 0, 0, 1])
