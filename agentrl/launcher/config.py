@@ -1,0 +1,165 @@
+"""The run configuration: one YAML per run, ``key=value`` overrides, one section per component.
+
+Each component's constructor gets only its own section. The resolved configuration is saved as
+``runs/<name>/config.yaml``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agentrl.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSection(_Section):
+    """The SGLang server(s). ``url``: use a running server instead of starting one."""
+
+    url: str | None = None
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: str = "float32"
+    max_total_tokens: int | None = 16384
+    context_length: int | None = None
+    tp_size: int = 1
+    python: str | None = None  # interpreter of the SGLang environment (default: this one)
+    startup_timeout_s: float = 300.0
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class RedisSection(_Section):
+    url: str | None = None  # external Redis; default: AGENTRL_REDIS_URL, else an embedded server in the run dir
+
+
+class SandboxSection(_Section):
+    backend: Literal["local", "docker", "remote"] = "local"
+    url: str | None = None  # for backend "remote"
+    max_concurrency: int = 8
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvSection(_Section):
+    name: str = "retool"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataSection(_Section):
+    train: str = "rl"  # a problem family of agentrl.data.arithmetic, or a .jsonl path with prompt/answer
+    heldout: str = "heldout"
+    num_heldout: int = 0  # held-out problems evaluated before and after training (0: skip)
+
+
+class RolloutSection(_Section):
+    n_samples: int = Field(2, ge=1)  # episodes per prompt (GRPO group)
+    groups_per_step: int = Field(4, ge=1)  # prompts per trainer step
+    max_staleness: int = Field(0, ge=0)  # η; 0 = synchronous
+    max_running_groups: int = Field(8, ge=1)
+    update_mode: Literal["drain", "interrupt"] = "interrupt"
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(128, ge=1)  # per model turn
+    max_turns: int = Field(4, ge=1)
+    max_response_tokens: int = Field(512, ge=1)
+    max_context_tokens: int = Field(2048, ge=16)
+    drop_uniform_groups: bool = False
+
+
+class SFTSection(_Section):
+    """Cold-start SFT on ReTool-style traces before RL (the trainer's SFT mode)."""
+
+    enabled: bool = True
+    family: str = "sft"
+    num_traces: int = Field(256, ge=1)
+    steps: int = Field(40, ge=0)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(1e-3, gt=0)
+
+
+class RunConfig(_Section):
+    name: str = ""
+    runs_dir: str = "runs"
+    seed: int = 0
+    model: str = "tiny"
+    steps: int = Field(2, ge=1)  # RL steps; the final weight version equals this
+    checkpoint_every: int = Field(1, ge=1)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    redis: RedisSection = Field(default_factory=RedisSection)
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    env: EnvSection = Field(default_factory=EnvSection)
+    data: DataSection = Field(default_factory=DataSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    sft: SFTSection = Field(default_factory=SFTSection)
+    trainer: dict[str, Any] = Field(default_factory=dict)  # agentrl.trainer.TrainerConfig minus `model`
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_section_is_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from agentrl.trainer.config import TrainerConfig
+
+        if "model" in value:
+            raise ValueError("set the model at the top level (`model:`), not in the trainer section")
+        TrainerConfig(model="-", **value)
+        return value
+
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.name
+
+    def with_default_name(self, prefix: str = "run") -> RunConfig:
+        if self.name:
+            return self
+        return self.model_copy(update={"name": f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"})
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["rollout.n_samples=4", "model=tiny"]`` → a nested dict; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. rollout.n_samples=4)")
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with another override of {p!r}")
+        node[parts[-1]] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        merged[k] = _merge(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
+    return merged
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML run config (or start from ``base``), apply overrides, validate."""
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: expected a mapping at the top level, got {type(loaded).__name__}")
+        data = _merge(data, loaded)
+    data = _merge(data, parse_overrides(overrides or []))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid run configuration:\n{exc}") from exc
+
+
+def save_config(config: RunConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

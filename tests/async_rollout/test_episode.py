@@ -1,0 +1,138 @@
+"""Episode state machine: token-in/token-out bookkeeping, masks, versions, budgets, aborted-turn resumption."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
+from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
+from agentrl.env.base import Environment, Observation, Score, StepResult
+from agentrl.types import FinishReason, Task, ToolCall, ToolResult
+
+
+@dataclass
+class ScriptedEngine:
+    """Returns scripted turns (text, finish); records every request it got."""
+
+    tok: Any
+    script: list[tuple[str, EngineFinish]]
+    version: int = 3
+    requests: list[list[int]] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key=None):
+        self.requests.append(list(input_ids))
+        text, finish = self.script.pop(0)
+        ids = self.tok.encode_text(text)
+        if finish is EngineFinish.STOP and not text.endswith("</code>"):
+            ids.append(self.tok.eos_token_id)
+        self.outputs.append(ids)
+        lps = [-0.01 * (i + 1) for i in range(len(ids))]
+        return GenerateResult(ids, lps, [self.version] * len(ids), finish)
+
+    async def update_weights(self, path: str, version: int) -> None: ...
+    async def weight_version(self) -> int:
+        return self.version
+    async def aclose(self) -> None: ...
+
+
+class EchoToolEnv(Environment):
+    """Any turn ending in </code> gets an observation; other turns end the episode."""
+
+    name = "echo"
+    stop = ("</code>",)
+
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+        self.closed = False
+
+    async def reset(self, task: Task):
+        return [{"role": "user", "content": task.prompt}]
+
+    async def step(self, text: str) -> StepResult:
+        if not text.endswith("</code>"):
+            return StepResult(None, True)
+        call = ToolCall("python", {"code": text}, raw=text)
+        return StepResult(Observation(text="\n<interpreter>\nOK\n</interpreter>\n"), False, (call,),
+                          (ToolResult("python", "Finished", "OK"),))
+
+    async def score(self, response: str, *, finish_reason, num_tool_calls, num_malformed) -> Score:
+        return Score(1.0 if "\\boxed{7}" in response else 0.0, {"tool_calls": float(num_tool_calls)})
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+
+async def test_multi_turn_tokens_masks_logprobs_versions(chat_tokenizer):
+    engine = ScriptedEngine(chat_tokenizer, [("Let me run <code>print(3+4)</code>", EngineFinish.STOP),
+                                             ("So it is \\boxed{7}.", EngineFinish.STOP)])
+    runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=64))
+    traj = await runner.run(EchoToolEnv(), Task(id="p", prompt="3+4?", answer="7"), env_name="echo")
+
+    prompt = engine.requests[0]
+    obs = chat_tokenizer.encode_text("\n<interpreter>\nOK\n</interpreter>\n")
+    expected = prompt + engine.outputs[0] + obs + engine.outputs[1]
+    assert traj.token_ids == expected
+    assert engine.requests[1] == prompt + engine.outputs[0] + obs  # 2nd turn saw exactly the 1st turn's tokens
+    assert traj.prompt_len == len(prompt)
+    assert traj.loss_mask == [0] * len(prompt) + [1] * len(engine.outputs[0]) + [0] * len(obs) + [1] * len(
+        engine.outputs[1])
+    model_lps = [lp for lp, m in zip(traj.behavior_logprobs, traj.loss_mask) if m]
+    assert model_lps == [-0.01 * (i + 1) for i in range(len(engine.outputs[0]))] + [
+        -0.01 * (i + 1) for i in range(len(engine.outputs[1]))]
+    assert set(traj.generated_versions) == {3} and all(v == -1 for v, m in zip(traj.weight_versions, traj.loss_mask)
+                                                       if not m)
+    assert traj.reward == 1.0 and traj.finish_reason is FinishReason.STOP
+    assert [t.observation_len for t in traj.turns] == [len(obs), 0]
+    assert traj.turns[0].token_end - traj.turns[0].token_start == len(engine.outputs[0])
+
+
+async def test_aborted_turn_is_resumed_and_keeps_per_token_versions(chat_tokenizer):
+    engine = ScriptedEngine(chat_tokenizer, [("The answer", EngineFinish.ABORT), (" is \\boxed{7}.", EngineFinish.STOP)])
+    runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=64))
+    first = True
+
+    orig = engine.generate
+
+    async def versioned(ids, sampling, *, sticky_key=None):
+        nonlocal first
+        engine.version = 1 if first else 2
+        first = False
+        return await orig(ids, sampling, sticky_key=sticky_key)
+
+    engine.generate = versioned  # type: ignore[method-assign]
+    traj = await runner.run(EchoToolEnv(), Task(id="p", prompt="?", answer="7"))
+    n1, n2 = len(engine.outputs[0]), len(engine.outputs[1])
+    assert traj.generated_versions == [1] * n1 + [2] * n2
+    assert engine.requests[1] == engine.requests[0] + engine.outputs[0]
+    assert len(traj.turns) == 1 and traj.reward == 1.0
+
+
+async def test_budgets_end_the_episode(chat_tokenizer):
+    script = [("<code>x</code>", EngineFinish.STOP)] * 5
+    engine = ScriptedEngine(chat_tokenizer, list(script))
+    runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(), EpisodeBudget(max_turns=3))
+    traj = await runner.run(EchoToolEnv(), Task(id="p", prompt="?"))
+    assert traj.finish_reason is FinishReason.MAX_TURNS and len(traj.turns) == 3
+
+    engine = ScriptedEngine(chat_tokenizer, [("a b c d e f g", EngineFinish.LENGTH)])
+    traj = await EpisodeRunner(engine, chat_tokenizer, SamplingParams()).run(EchoToolEnv(), Task(id="p", prompt="?"))
+    assert traj.finish_reason is FinishReason.LENGTH
+
+
+async def test_prompt_over_context_budget_generates_nothing(chat_tokenizer):
+    engine = ScriptedEngine(chat_tokenizer, [])
+    runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(), EpisodeBudget(max_context_tokens=16))
+    traj = await runner.run(EchoToolEnv(), Task(id="p", prompt="word " * 50))
+    assert engine.requests == [] and traj.finish_reason is FinishReason.LENGTH and traj.num_model_tokens == 0
+
+
+def test_tool_role_observation_is_the_chat_template_delta(chat_tokenizer):
+    ids = chat_tokenizer.encode_messages_delta([{"role": "tool", "content": "42"}])
+    assert chat_tokenizer.decode(ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
