@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml requirements/sglang-cpu.txt scripts/install_venv.sh
 	@touch $(STAMP)
 
 test: install
+	@if [ "$${AGENTRL_SKIP_DOCKER:-0}" = 1 ]; then echo "agentrl: AGENTRL_SKIP_DOCKER=1: Docker tests will skip"; \
+	  else bash scripts/ensure_docker.sh; fi
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-fast: install

@@ -4,13 +4,14 @@ Public Python API: ``tool`` (decorator), ``register_env`` / ``Environment``, ``l
 plugins register through the entry-point group ``agentrl.plugins``.
 """
 
-from agentrl.env import Environment, Observation, Score, StepResult, list_envs, list_tools, register_env, tool
+from agentrl.env import Environment, Observation, StepResult, list_envs, list_tools, register_env, tool
+from agentrl.rewards import RewardInput, RewardResult
 from agentrl.errors import AgentRLError, ConfigError, InfrastructureError
 from agentrl.types import FinishReason, Task, Trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "tool", "register_env", "Environment", "Observation", "Score", "StepResult", "list_tools", "list_envs",
+    "tool", "register_env", "Environment", "Observation", "StepResult", "RewardInput", "RewardResult", "list_tools", "list_envs",
     "AgentRLError", "ConfigError", "InfrastructureError", "Task", "Trajectory", "FinishReason",
 ]

@@ -153,6 +153,13 @@ class Trajectory:
         versions = self.generated_versions
         return min(versions) if versions else -1
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (per-token arrays as lists), e.g. for ``rollouts.jsonl`` and REST results."""
+        d = _to_wire(self)
+        for name in ("token_ids", "loss_mask", "behavior_logprobs", "weight_versions"):
+            d[name] = list(getattr(self, name))
+        return d
+
     def to_msgpack(self) -> bytes:
         return msgpack.packb(_to_wire(self), use_bin_type=True)
 

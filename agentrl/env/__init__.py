@@ -1,6 +1,6 @@
 """Environments and tools: the Python API researchers extend."""
 
-from agentrl.env.base import Environment, Observation, Score, StepResult
+from agentrl.env.base import Environment, Observation, StepResult
 from agentrl.env.registry import (
     EnvResources,
     EnvSpec,
@@ -14,7 +14,7 @@ from agentrl.env.registry import (
 from agentrl.env.tools import Tool, tool
 
 __all__ = [
-    "Environment", "Observation", "Score", "StepResult", "EnvResources", "EnvSpec", "Registry",
+    "Environment", "Observation", "StepResult", "EnvResources", "EnvSpec", "Registry",
     "default_registry", "list_envs", "list_tools", "register_env", "register_tool", "Tool", "tool",
 ]
 

@@ -2,7 +2,8 @@
 
 An episode: ``messages = await env.reset(task)``; then, for each model turn, ``result = await env.step(text)``
 with the text the model generated in that turn; the episode ends when ``result.done``; finally
-``await env.score(response)`` gives the reward and ``await env.close()`` frees per-episode resources (a sandbox
+``await env.score(response)`` (a :class:`agentrl.rewards.RewardInput`: the model's own text, tool
+observations left out, plus tool-call counts) gives the reward and ``await env.close()`` frees per-episode resources (a sandbox
 session, say). One environment instance serves one episode.
 
 Observations come back either as raw text appended right after the model's tokens (ReTool's
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from agentrl.rewards.base import RewardInput, RewardResult
 from agentrl.types import Task, ToolCall, ToolResult
 
 
@@ -38,15 +40,6 @@ class StepResult:
     tool_results: tuple[ToolResult, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Score:
-    """The episode's reward. ``infra_error`` set means: do not train on this sample (it is not a 0)."""
-
-    reward: float
-    breakdown: Mapping[str, float] = field(default_factory=dict)
-    infra_error: str | None = None
-
-
 class Environment(abc.ABC):
     """Base class of environments. Subclasses set ``name`` and ``stop`` and implement the three methods."""
 
@@ -63,9 +56,8 @@ class Environment(abc.ABC):
         """React to one model turn (its decoded text)."""
 
     @abc.abstractmethod
-    async def score(self, response: str, *, finish_reason: str, num_tool_calls: int,
-                    num_malformed: int) -> Score:
-        """Reward of the whole response (all turns' model text and observations, as decoded)."""
+    async def score(self, response: RewardInput) -> RewardResult:
+        """Reward of the episode. An ``INFRA_ERROR`` result means: do not train on this sample (it is not 0)."""
 
     async def close(self) -> None:
         """Free per-episode resources. Always called, also after errors."""

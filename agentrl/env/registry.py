@@ -29,7 +29,7 @@ class EnvResources:
     """Shared, long-lived resources handed to every environment instance (wired once per process)."""
 
     sandbox: Any = None  # agentrl.sandbox.base.Sandbox
-    rewards: Any = None  # reward workers/pools (agentrl.rewards)
+    verifier: Any = None  # agentrl.rewards.MathVerifier: the process's math-checking pool
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.env.base import Environment, Observation, Score, StepResult
+from agentrl.env.base import Environment, Observation, StepResult
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError
+from agentrl.rewards import FormatReward, MathReward, RewardInput, RewardResult, WeightedReward
 from agentrl.types import Task, ToolCall, ToolResult
 
 CODE_OPEN, CODE_CLOSE = "<code>", "</code>"
@@ -97,15 +98,18 @@ class ReToolEnv(Environment):
                  format_weight: float = 0.0) -> None:
         if resources.sandbox is None:
             raise ConfigError("the retool environment needs a sandbox (EnvResources.sandbox)")
-        if resources.rewards is None:
-            raise ConfigError("the retool environment needs the math reward (EnvResources.rewards)")
+        if resources.verifier is None:
+            raise ConfigError("the retool environment needs a math checker pool (EnvResources.verifier)")
         self.resources = resources
         self.max_tool_calls = max_tool_calls
         self.code_timeout_s = code_timeout_s
         self.max_output_chars = max_output_chars
         self.system_prompt = system_prompt
         self.stateful = stateful
-        self.format_weight = format_weight
+        components = {"correct": (MathReward(resources.verifier), 1.0)}
+        if format_weight:
+            components["format"] = (FormatReward(), format_weight)
+        self.reward = WeightedReward(components)
         self.task: Task | None = None
         self.calls = 0
         self._session: Any = None
@@ -147,16 +151,12 @@ class ReToolEnv(Environment):
             self._session = await self.resources.sandbox.session("python", Limits(time_s=self.code_timeout_s))
         return await self._session.run(code, time_s=self.code_timeout_s)
 
-    async def score(self, response: str, *, finish_reason: str, num_tool_calls: int, num_malformed: int) -> Score:
-        assert self.task is not None, "score() before reset()"
-        result = await self.resources.rewards.math(response, self.task.answer or "")
-        if result.infra_error:
-            return Score(0.0, {}, infra_error=result.infra_error)
-        correct = float(result.reward)
-        breakdown = {"correct": correct, "tool_calls": float(num_tool_calls), "malformed": float(num_malformed)}
-        fmt = 1.0 if "\\boxed{" in response and num_malformed == 0 else 0.0
-        breakdown["format"] = fmt
-        return Score(correct + self.format_weight * fmt, breakdown)
+    async def score(self, response: RewardInput) -> RewardResult:
+        """``correct`` (1 if the last ``\\boxed{}`` of the model's own text equals the answer) plus
+        ``format_weight`` × ``format``; interpreter output never counts as the model's answer."""
+        if self.task is None:
+            raise RuntimeError("score() called before reset()")
+        return await self.reward(self.task, response)
 
     async def close(self) -> None:
         session, self._session = self._session, None

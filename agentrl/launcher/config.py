@@ -32,6 +32,7 @@ class EngineSection(_Section):
     python: str | None = None  # interpreter of the SGLang environment (default: this one)
     startup_timeout_s: float = 300.0
     extra_args: list[str] = Field(default_factory=list)
+    record_requests: bool = False  # debug: every generate call → runs/<name>/engine_requests.jsonl
 
 
 class RedisSection(_Section):
@@ -89,6 +90,7 @@ class RunConfig(_Section):
     model: str = "tiny"
     steps: int = Field(2, ge=1)  # RL steps; the final weight version equals this
     checkpoint_every: int = Field(1, ge=1)
+    log_rollouts: Literal["none", "summary", "full"] = "summary"  # runs/<name>/rollouts.jsonl
     engine: EngineSection = Field(default_factory=EngineSection)
     redis: RedisSection = Field(default_factory=RedisSection)
     sandbox: SandboxSection = Field(default_factory=SandboxSection)

@@ -65,6 +65,7 @@ class RunResult:
     cpu_s: float = 0.0
     files: Mapping[str, bytes] = field(default_factory=dict)
     message: str = ""  # why, for SandboxError / TimeLimitExceeded
+    display: tuple[str, ...] = ()  # session cells: repr of a trailing expression, as Jupyter's text/plain
 
     @property
     def is_sandbox_error(self) -> bool:

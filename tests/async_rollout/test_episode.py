@@ -11,7 +11,8 @@ import pytest
 
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
-from agentrl.env.base import Environment, Observation, Score, StepResult
+from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.rewards import RewardInput, RewardResult
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult
 
 
@@ -61,8 +62,9 @@ class EchoToolEnv(Environment):
         return StepResult(Observation(text="\n<interpreter>\nOK\n</interpreter>\n"), False, (call,),
                           (ToolResult("python", "Finished", "OK"),))
 
-    async def score(self, response: str, *, finish_reason, num_tool_calls, num_malformed) -> Score:
-        return Score(1.0 if "\\boxed{7}" in response else 0.0, {"tool_calls": float(num_tool_calls)})
+    async def score(self, response: RewardInput) -> RewardResult:
+        self.scored = response
+        return RewardResult.scored(1.0 if "\\boxed{7}" in response.text else 0.0)
 
     async def close(self) -> None:
         self.closed = True
@@ -73,7 +75,8 @@ async def test_multi_turn_tokens_masks_logprobs_versions(chat_tokenizer):
     engine = ScriptedEngine(chat_tokenizer, [("Let me run <code>print(3+4)</code>", EngineFinish.STOP),
                                              ("So it is \\boxed{7}.", EngineFinish.STOP)])
     runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=64))
-    traj = await runner.run(EchoToolEnv(), Task(id="p", prompt="3+4?", answer="7"), env_name="echo")
+    env = EchoToolEnv()
+    traj = await runner.run(env, Task(id="p", prompt="3+4?", answer="7"), env_name="echo")
 
     prompt = engine.requests[0]
     obs = chat_tokenizer.encode_text("\n<interpreter>\nOK\n</interpreter>\n")
@@ -89,6 +92,8 @@ async def test_multi_turn_tokens_masks_logprobs_versions(chat_tokenizer):
     assert set(traj.generated_versions) == {3} and all(v == -1 for v, m in zip(traj.weight_versions, traj.loss_mask)
                                                        if not m)
     assert traj.reward == 1.0 and traj.finish_reason is FinishReason.STOP
+    assert env.scored.text == "Let me run <code>print(3+4)</code>So it is \\boxed{7}.<|im_end|>"
+    assert env.scored.num_tool_calls == 1 and env.scored.finish_reason is FinishReason.STOP
     assert [t.observation_len for t in traj.turns] == [len(obs), 0]
     assert traj.turns[0].token_end - traj.turns[0].token_start == len(engine.outputs[0])
 
@@ -136,3 +141,13 @@ async def test_prompt_over_context_budget_generates_nothing(chat_tokenizer):
 def test_tool_role_observation_is_the_chat_template_delta(chat_tokenizer):
     ids = chat_tokenizer.encode_messages_delta([{"role": "tool", "content": "42"}])
     assert chat_tokenizer.decode(ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_reward_infrastructure_failure_marks_the_trajectory_not_zero(chat_tokenizer):
+    class Broken(EchoToolEnv):
+        async def score(self, response):
+            return RewardResult.infra_error("sandbox down")
+
+    engine = ScriptedEngine(chat_tokenizer, [("\\boxed{7}", EngineFinish.STOP)])
+    traj = await EpisodeRunner(engine, chat_tokenizer, SamplingParams()).run(Broken(), Task(id="p", prompt="?"))
+    assert traj.finish_reason is FinishReason.ERROR and traj.metadata["infra_error"] == "sandbox down"

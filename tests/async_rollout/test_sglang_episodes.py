@@ -11,7 +11,8 @@ import pytest
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.client import SGLangClient, Timeouts
-from agentrl.env.base import Environment, Observation, Score, StepResult
+from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.rewards import RewardResult
 from agentrl.errors import EngineError
 from agentrl.types import FinishReason, Task
 
@@ -52,8 +53,8 @@ class StopOnLetterEnv(Environment):
     async def step(self, text: str) -> StepResult:
         return StepResult(Observation(text="\n[tool says hi]\n"), False)
 
-    async def score(self, response, **kw) -> Score:
-        return Score(0.5)
+    async def score(self, response) -> RewardResult:
+        return RewardResult.scored(0.5)
 
 
 class NoStopEnv(StopOnLetterEnv):

@@ -1,0 +1,75 @@
+"""The ``agentrl`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentrl.errors import AgentRLError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="agentrl: asynchronous, agentic, multi-turn RL for LLMs with tool sandboxes.")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def _run(config_path: Path | None, overrides: list[str], base: dict | None, prefix: str) -> None:
+    from agentrl.launcher.config import load_config
+    from agentrl.launcher.driver import run_training
+
+    try:
+        cfg = load_config(config_path, overrides, base=base).with_default_name(prefix)
+        summary = asyncio.run(run_training(cfg))
+    except AgentRLError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.secho("interrupted: every process of the run was stopped", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130) from None
+    typer.echo(json.dumps(summary, indent=2))
+    typer.echo(f"run directory: {cfg.run_dir()}")
+
+
+@app.command()
+def demo(
+    smoke: Annotated[bool, typer.Option("--smoke", help="tiny random model, 2 RL steps, a few minutes")] = False,
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. steps=3")] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
+    """The main job on embedded defaults: ReTool-style cold-start SFT, then async RL with a code interpreter."""
+    from agentrl.launcher import recipes
+
+    _setup_logging(verbose)
+    _run(None, overrides or [], recipes.SMOKE if smoke else recipes.DEMO, "smoke" if smoke else "demo")
+
+
+@app.command()
+def train(
+    config: Annotated[Path, typer.Argument(help="run config YAML (see examples/)")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides")] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
+    """A training run from a config file."""
+    _setup_logging(verbose)
+    _run(config, overrides or [], None, "train")
+
+
+def _mount_sandbox() -> None:
+    from agentrl.sandbox.cli import sandbox_app
+
+    app.add_typer(sandbox_app, name="sandbox", help="Run the sandbox server, or one program in the sandbox.")
+
+
+_mount_sandbox()
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,382 @@
+"""The durable trajectory queue: one Redis stream, one consumer group of trainers, many producers.
+
+Lifecycle of an entry: ``put`` adds it (waiting while ``capacity`` entries are unacknowledged: backpressure,
+never a drop) → ``read`` delivers it to one consumer, where it stays *pending* → the trainer trains on it,
+commits the step, then ``ack`` deletes it. Entries of a consumer that died are taken over by another one with
+``reclaim`` (XAUTOCLAIM after ``min_idle_s``); a payload that cannot be decoded, or an entry delivered more
+than ``max_deliveries`` times, is moved to the dead-letter stream ``<stream>:dead`` with the reason (and logged,
+and counted in ``stats().dead_letters``): never lost silently, never crashing the trainer.
+
+Exactly-once training, and the trainer's queue position in a checkpoint:
+
+1. ``read`` → train → **commit the step, recording its entry ids in the checkpoint** → ``ack(ids)``.
+2. On resume, before the first read: ``ack(checkpoint.entry_ids)`` (idempotent; covers a crash between commit
+   and ack), then ``read``: a queue whose consumer name was used before first re-delivers that consumer's own
+   unacknowledged entries (read before the crash, never committed), then new ones. The consumer group itself
+   (last delivered id + pending list) is the rest of the position, and it lives in Redis (AOF).
+3. A step that may outlast ``min_idle_s`` of the other consumers' ``reclaim`` calls ``renew(ids)`` before
+   committing: it returns the ids still owned (idle time reset) — a step that lost some must not be committed,
+   those entries now belong to another consumer. Use a stable consumer name per trainer rank.
+
+A producer's retry after a lost reply cannot duplicate: ``put`` skips trajectory ids already in the stream.
+Payloads live beside the stream in ``<stream>:payloads`` (why, and every key: ``_scripts.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from functools import partial
+from types import TracebackType
+from typing import Any, Self
+
+import redis.asyncio
+import redis.exceptions
+
+from agentrl.errors import ConfigError, QueueError
+from agentrl.queue import _scripts
+from agentrl.queue.base import QueueEntry, QueueFullError, QueueStats
+from agentrl.queue.retry import RetryPolicy
+from agentrl.types import SchemaError, Trajectory
+
+log = logging.getLogger(__name__)
+
+_MAX_REMEMBERED = 100_000  # delivered entries whose side-table fields ack() can pass (else the server reads them)
+_RawEntry = tuple[Any, Any]  # (entry id, {field: value}) as redis-py returns it; (None, None) if deleted
+_DELETED = "the entry was deleted from the stream before it was acknowledged"
+
+
+class TrajectoryQueue:
+    """A :class:`~agentrl.queue.base.TrajectoryProducer` and :class:`~agentrl.queue.base.TrajectoryConsumer`
+    on a Redis stream. ``consumer`` (a stable name per trainer rank) is needed only to read."""
+
+    def __init__(self, redis_client: redis.asyncio.Redis, stream: str, *, group: str = "trainer",
+                 consumer: str | None = None, capacity: int = 1024, retry: RetryPolicy | None = None,
+                 op_timeout_s: float = 30.0, max_deliveries: int = 5, full_poll_s: float = 0.05,
+                 max_batch_bytes: int = 16 << 20, dead_letter_maxlen: int = 10_000) -> None:
+        if capacity < 1:
+            raise ConfigError(f"queue capacity must be >= 1, got {capacity}")
+        kwargs = redis_client.get_connection_kwargs()
+        if kwargs.get("decode_responses") or str(kwargs.get("protocol") or 2) != "2":
+            raise ConfigError("the trajectory queue needs a Redis client with decode_responses=False and "
+                              "protocol 2 (payloads are binary msgpack); create it with the defaults")
+        self._redis = redis_client
+        self.stream, self.group, self.consumer, self.capacity = stream, group, consumer, capacity
+        self._payloads, self._dead = f"{stream}:payloads", f"{stream}:dead"
+        self._keys = [stream, f"{stream}:versions", f"{stream}:ids", self._payloads]
+        self._retry = retry or RetryPolicy()
+        self._op_timeout_s, self._max_deliveries = op_timeout_s, max_deliveries
+        self._full_poll_s, self._max_batch_bytes = full_poll_s, max_batch_bytes
+        self._dead_maxlen = dead_letter_maxlen
+        self._put_sha = redis_client.register_script(_scripts.PUT).sha  # run inside a pipeline: see _put_chunk
+        self._unstage = redis_client.register_script(_scripts.UNSTAGE)
+        self._ack = redis_client.register_script(_scripts.ACK)
+        self._dead_letter = redis_client.register_script(_scripts.DEAD_LETTER)
+        self._renew = redis_client.register_script(_scripts.RENEW)
+        self._group_ready = False
+        self._delivered: dict[str, tuple[bytes, bytes]] = {}  # entry id -> (trajectory id, version), until acked
+        self._recover_from: str | None = "0"  # own pending entries are re-delivered first (restart recovery)
+
+    # ---- producer -------------------------------------------------------------------------------------------
+
+    async def put(self, trajectories: Sequence[Trajectory], *, timeout_s: float | None = None) -> list[str]:
+        """Enqueue ``trajectories`` in order and return their entry ids; wait while the queue is full.
+
+        Raises QueueFullError after ``timeout_s`` (None: wait as long as it takes) with the ids that got in.
+        """
+        await self._ensure_group()
+        items = [(t.trajectory_id, str(_oldest_version(t)), t.to_msgpack()) for t in trajectories]
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        ids: list[str] = []
+        while items:
+            chunk = self._chunk(items)
+            admitted = await self._call(partial(self._put_chunk, chunk), "put")
+            ids.extend(_str(i) for i in admitted)
+            items = items[len(admitted):]
+            if items and len(admitted) < len(chunk):
+                try:
+                    await self._wait_for_room(deadline, ids, len(ids) + len(items))
+                except QueueFullError:  # the refused payloads were written: take them back
+                    refused = [tid for tid, _, _ in chunk[len(admitted):]]
+                    await self._call(partial(self._unstage, keys=self._keys[2:], args=refused), "put cleanup")
+                    raise
+        return ids
+
+    async def _put_chunk(self, chunk: list[tuple[str, str, bytes]]) -> list[Any]:
+        """One round trip: HSET the payloads, then the PUT script adds the entries that fit (see _scripts)."""
+        args: list[Any] = [len(self._keys), *self._keys, self.capacity]
+        for tid, version, _ in chunk:
+            args.extend((tid, version))
+        for attempt in (1, 2):
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.hset(self._payloads, mapping={tid: payload for tid, _, payload in chunk})
+                    pipe.evalsha(self._put_sha, *args)
+                    return list((await pipe.execute())[1])
+            except redis.exceptions.NoScriptError:  # a restarted server forgot its scripts
+                if attempt == 2:
+                    raise
+                await self._redis.script_load(_scripts.PUT)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _chunk(self, items: list[tuple[str, str, bytes]]) -> list[tuple[str, str, bytes]]:
+        size, n = 0, 0
+        for _, _, payload in items[: self.capacity]:
+            size += len(payload)
+            if n and size > self._max_batch_bytes:
+                break
+            n += 1
+        return items[:n]
+
+    async def _wait_for_room(self, deadline: float | None, ids: list[str], total: int) -> None:
+        loop = asyncio.get_running_loop()
+        delay = min(0.005, self._full_poll_s)
+        while True:
+            length = await self._call(lambda: self._redis.xlen(self.stream), "queue length")
+            if length < self.capacity:
+                return
+            if deadline is not None and loop.time() >= deadline:
+                raise QueueFullError(
+                    f"queue {self.stream!r} stayed full ({length} unacknowledged of capacity {self.capacity}); "
+                    f"{len(ids)} of {total} trajectories were enqueued, the rest were not. Expected the trainer "
+                    "to acknowledge entries: is it running and acking after each step?", ids)
+            await asyncio.sleep(delay if deadline is None else max(0.0, min(delay, deadline - loop.time())))
+            delay = min(delay * 2, self._full_poll_s)
+
+    # ---- consumer -------------------------------------------------------------------------------------------
+
+    async def read(self, count: int, *, timeout_s: float) -> list[QueueEntry]:
+        """Up to ``count`` entries for this consumer, waiting up to ``timeout_s`` for the first (0: no wait).
+
+        The first calls on a fresh queue object return this consumer's own unacknowledged entries (a restarted
+        trainer's uncommitted work) before any new one.
+        """
+        consumer = self._require_consumer()
+        await self._ensure_group()
+        while self._recover_from is not None:
+            raw = await self._xreadgroup(consumer, self._recover_from, count, None)
+            if not raw:
+                self._recover_from = None
+                break
+            self._recover_from = _str(raw[-1][0])
+            entries = await self._decode(raw, recovered=True)
+            if entries:
+                return entries
+        block_ms = int(timeout_s * 1000) if timeout_s > 0 else None
+        raw = await self._xreadgroup(consumer, ">", count, max(1, block_ms) if block_ms is not None else None)
+        return await self._decode(raw)
+
+    async def ack(self, entry_ids: Sequence[str]) -> int:
+        """Acknowledge and delete entries (after the step that used them is committed). Idempotent; returns
+        how many were pending."""
+        if not entry_ids:
+            return 0
+        args: list[Any] = [self.group]
+        for eid in entry_ids:  # fields we saw at delivery spare the server from reading the entry back
+            args.extend((eid, *self._delivered.get(eid, ("", ""))))
+        acked = int(await self._call(lambda: self._ack(keys=self._keys, args=args), "ack"))
+        for eid in entry_ids:
+            self._delivered.pop(eid, None)
+        return acked
+
+    async def reclaim(self, min_idle_s: float, count: int) -> list[QueueEntry]:
+        """Take over up to ``count`` entries pending (at any consumer) for at least ``min_idle_s``."""
+        consumer = self._require_consumer()
+        await self._ensure_group()
+        raw: list[_RawEntry] = []
+        start: Any = "0-0"
+        while len(raw) < count:
+            reply = await self._call(lambda s=start: self._redis.xautoclaim(
+                self.stream, self.group, consumer, int(min_idle_s * 1000), start_id=s, count=count - len(raw)),
+                "reclaim")
+            raw.extend(reply[1])
+            raw.extend((i, None) for i in (reply[2] if len(reply) > 2 else ()))  # Redis 7: deleted entries
+            start = reply[0]
+            if _str(start) == "0-0":
+                break
+        if any(i is None for i, _ in raw):  # Redis 6.2 answers nil for a deleted entry (and keeps it pending)
+            raw = [(i, f) for i, f in raw if i is not None] + await self._own_deleted(consumer)
+        raw = await self._drop_poison(raw, consumer)
+        if raw:
+            log.warning("consumer %s reclaimed %d entries of %r", consumer, len(raw), self.stream)
+        return await self._decode(raw)
+
+    async def _own_deleted(self, consumer: str) -> list[_RawEntry]:
+        """This consumer's pending entries that no longer exist in the stream, as (id, None)."""
+        found: list[_RawEntry] = []
+        cursor = "0"
+        while batch := await self._xreadgroup(consumer, cursor, 1000, None):
+            found.extend((i, None) for i, fields in batch if not fields)
+            cursor = _str(batch[-1][0])
+        return found
+
+    async def renew(self, entry_ids: Sequence[str]) -> list[str]:
+        """The ids still pending at this consumer, with their idle time reset (call before committing a long
+        step). Ids missing from the answer were reclaimed by another consumer or acknowledged."""
+        consumer = self._require_consumer()
+        args = [self.group, consumer, *entry_ids]
+        owned = [_str(i) for i in await self._call(lambda: self._renew(keys=[self.stream], args=args), "renew")]
+        for lost in set(entry_ids) - set(owned):
+            self._delivered.pop(lost, None)
+        return owned
+
+    async def stats(self) -> QueueStats:
+        """Length, pending, oldest age, per-version counts and dead letters, from one MULTI."""
+        await self._ensure_group()
+
+        async def snapshot() -> list[Any]:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.xlen(self.stream)
+                pipe.xpending(self.stream, self.group)
+                pipe.xrange(self.stream, count=1)
+                pipe.hgetall(self._keys[1])
+                pipe.xlen(self._dead)
+                pipe.time()
+                return await pipe.execute()
+
+        length, pending, first, versions, dead, (sec, usec) = await self._call(snapshot, "stats")
+        oldest = None
+        if first:
+            oldest = max(0.0, sec + usec / 1e6 - int(_str(first[0][0]).split("-")[0]) / 1000)
+        return QueueStats(
+            length=length, pending=pending["pending"], capacity=self.capacity, oldest_age_s=oldest,
+            per_version={int(v): int(n) for v, n in versions.items()},
+            pending_per_consumer={_str(c["name"]): int(c["pending"]) for c in pending["consumers"]},
+            dead_letters=dead)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the Redis client belongs to whoever created it (see RedisHandle)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    # ---- helpers ----------------------------------------------------------------------------------------------
+
+    async def _call(self, op: Any, what: str) -> Any:
+        async def bounded() -> Any:
+            async with asyncio.timeout(self._op_timeout_s):
+                return await op()
+        return await self._retry.call(bounded, what=f"{what} on queue {self.stream!r}")
+
+    async def _xreadgroup(self, consumer: str, start: str, count: int, block_ms: int | None) -> list[_RawEntry]:
+        async def op() -> Any:
+            async with asyncio.timeout(self._op_timeout_s + (block_ms or 0) / 1000):
+                return await self._redis.xreadgroup(self.group, consumer, {self.stream: start},
+                                                    count=count, block=block_ms)
+        try:
+            reply = await self._retry.call(op, what=f"read from queue {self.stream!r}")
+        except QueueError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._group_ready = False  # the stream was deleted under us: recreate the group, once
+            await self._ensure_group()
+            reply = await self._retry.call(op, what=f"read from queue {self.stream!r}")
+        return list(reply[0][1]) if reply else []
+
+    async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False) -> list[QueueEntry]:
+        payloads = await self._payloads_of(raw)
+        good: list[QueueEntry] = []
+        bad: list[tuple[str, str]] = []
+        for entry_id, fields in raw:
+            if entry_id is None:
+                continue  # Redis 6.2 XAUTOCLAIM of a deleted entry: nothing left to identify or keep
+            eid = _str(entry_id)
+            if not fields:  # redis-py turns the nil of a deleted entry into None or {}
+                bad.append((eid, _DELETED))
+                continue
+            payload = fields.get(b"t", payloads.get(entry_id))
+            if payload is None:
+                bad.append((eid, (f"no payload: neither a 't' field nor {self._payloads!r}[i] "
+                                 f"(fields were {sorted(map(_str, fields))})")))
+                continue
+            try:
+                good.append(QueueEntry(eid, Trajectory.from_msgpack(payload)))
+            except SchemaError as exc:
+                bad.append((eid, str(exc)))
+                continue
+            if b"i" in fields and b"v" in fields and len(self._delivered) < _MAX_REMEMBERED:
+                self._delivered[eid] = (fields[b"i"], fields[b"v"])
+        if bad:
+            await self._move_to_dead_letters(bad)
+        if recovered and good:
+            log.info("consumer %s got back %d of its unacknowledged entries of %r",
+                     self.consumer, len(good), self.stream)
+        return good
+
+    async def _payloads_of(self, raw: list[_RawEntry]) -> dict[Any, bytes | None]:
+        """Payloads of the entries that do not carry theirs inline, from S:payloads in one HMGET."""
+        need = [(eid, fields[b"i"]) for eid, fields in raw if eid is not None and fields
+                and b"t" not in fields and b"i" in fields]
+        if not need:
+            return {}
+        values = await self._call(lambda: self._redis.hmget(self._payloads, [tid for _, tid in need]),
+                                  "read payloads")
+        return {eid: value for (eid, _), value in zip(need, values)}
+
+    async def _move_to_dead_letters(self, bad: list[tuple[str, str]]) -> None:
+        for eid, why in bad:
+            log.error("queue %r: entry %s moved to %r: %s", self.stream, eid, self._dead, why)
+        args: list[Any] = [self.group, self.consumer or "", self._dead_maxlen]
+        for eid, why in bad:  # a deleted entry may no longer be pending either (Redis 7 XAUTOCLAIM): force it
+            args.extend((eid, why, "1" if why == _DELETED else "0"))
+        await self._call(lambda: self._dead_letter(keys=[*self._keys, self._dead], args=args), "dead-letter")
+
+    async def _drop_poison(self, raw: list[_RawEntry], consumer: str) -> list[_RawEntry]:
+        """Dead-letter claimed entries delivered more than ``max_deliveries`` times (they keep killing trainers)."""
+        ids = [_str(i) for i, _ in raw if i is not None]
+        if not ids or self._max_deliveries <= 0:
+            return raw
+
+        async def deliveries() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for i in ids:
+                    pipe.xpending_range(self.stream, self.group, i, i, 1, consumer)
+                return await pipe.execute()
+
+        counts = {i: int(r[0]["times_delivered"]) for i, r in zip(ids, await self._call(deliveries, "xpending"))
+                  if r}
+        poison = [i for i in ids if counts.get(i, 0) > self._max_deliveries]
+        if poison:
+            await self._move_to_dead_letters([
+                (i, (f"delivered {counts[i]} times without being acknowledged (max_deliveries="
+                    f"{self._max_deliveries}): it may crash the trainer")) for i in poison])
+        dropped = set(poison)
+        return [(i, f) for i, f in raw if i is None or _str(i) not in dropped]
+
+    async def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+
+        async def create() -> None:
+            try:
+                await self._redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            except redis.exceptions.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        await self._call(create, "create consumer group")
+        self._group_ready = True
+
+    def _require_consumer(self) -> str:
+        if not self.consumer:
+            raise ConfigError(f"reading queue {self.stream!r} needs a consumer name: pass consumer=... "
+                              "(stable per trainer rank, e.g. 'trainer-0')")
+        return self.consumer
+
+
+def _oldest_version(t: Trajectory) -> int:
+    """``t.min_version`` in O(1) instead of a pass over every token: tokens are generated in order and the weight
+    version a worker serves never decreases, so the first model token carries the oldest version."""
+    try:
+        return t.weight_versions[t.loss_mask.index(1, t.prompt_len)]
+    except ValueError:  # no model token
+        return -1
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

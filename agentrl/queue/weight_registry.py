@@ -1,0 +1,262 @@
+"""The weight-version registry: which weights exist, which is latest, who is loading which, and their cleanup.
+
+Keys under ``namespace`` N:
+
+- ``N:versions``    hash   version -> JSON record (path, step, created_at, metrics);
+- ``N:latest``      string the highest published version;
+- ``N:events``      stream one entry per publish (field ``v``), what :meth:`WeightRegistry.wait_for` blocks on;
+- ``N:leases``      zset   ``"<version>:<lease id>"`` scored by expiry (server ms): versions being loaded;
+- ``N:gc_pending``  hash   versions unregistered by gc whose files the ``delete`` callable has not yet removed.
+
+``wait_for`` cannot miss a publish: it notes the last event id *before* reading ``latest``, then blocks on events
+after that id; a publish sets ``latest`` and appends its event atomically, so it is seen by one or the other.
+``gc`` unregisters a version (atomically with the check that no live lease holds it) *before* deleting its files,
+and a lease can only be taken on a registered version: files are never deleted under a loader. Leases expire
+(``ttl_s``, renewed in the background while held), so a loader that dies does not pin a version forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from functools import partial
+from types import TracebackType
+from typing import Any, Self
+
+import redis.asyncio
+
+from agentrl.errors import QueueError
+from agentrl.queue.base import WeightVersion, WeightVersionError
+from agentrl.queue.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+
+class VersionWaitTimeout(WeightVersionError, TimeoutError):
+    """``wait_for`` saw no version >= the one asked for within its timeout."""
+
+
+_SERVER_MS = "local t = redis.call('TIME'); local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+
+# KEYS: versions, latest, events.  ARGV: version, record, record prefix up to the path (see _dump).
+# -> {1, record} published | {0, existing record} (same version, other path)
+_PUBLISH = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and string.sub(cur, 1, #ARGV[3]) ~= ARGV[3] then return {0, cur} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if tonumber(ARGV[1]) > latest then redis.call('SET', KEYS[2], ARGV[1]) end
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'v', ARGV[1])
+return {1, ARGV[2]}
+"""
+
+# KEYS: versions, latest.  -> {version, record} | false
+_LATEST = """
+local v = redis.call('GET', KEYS[2])
+if not v then return false end
+return {v, redis.call('HGET', KEYS[1], v)}
+"""
+
+# KEYS: versions, leases.  ARGV: version, lease id, ttl ms.  -> record | false (version not registered)
+_ACQUIRE = _SERVER_MS + """
+local rec = redis.call('HGET', KEYS[1], ARGV[1])
+if not rec then return false end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1] .. ':' .. ARGV[2])
+return rec
+"""
+
+# KEYS: versions, leases, latest, gc_pending.  ARGV: keep_last.  Unregisters every version that is neither among
+# the keep_last highest, nor latest, nor under a live lease; moves it to gc_pending.  -> all of gc_pending (flat)
+_GC = _SERVER_MS + """
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local leased = {}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do leased[string.match(m, '^(-?%d+):')] = true end
+local latest = redis.call('GET', KEYS[3])
+local versions = {}
+for _, v in ipairs(redis.call('HKEYS', KEYS[1])) do versions[#versions + 1] = tonumber(v) end
+table.sort(versions, function(a, b) return a > b end)
+for i, n in ipairs(versions) do
+  local v = tostring(n)
+  if i > tonumber(ARGV[1]) and not leased[v] and v ~= latest then
+    redis.call('HSET', KEYS[4], v, redis.call('HGET', KEYS[1], v))
+    redis.call('HDEL', KEYS[1], v)
+  end
+end
+return redis.call('HGETALL', KEYS[4])
+"""
+
+DeleteFn = Callable[[WeightVersion], Awaitable[None] | None]
+
+
+class WeightRegistry:
+    """Weight versions of one run in Redis (see the module docstring)."""
+
+    def __init__(self, redis_client: redis.asyncio.Redis, namespace: str, *, retry: RetryPolicy | None = None,
+                 op_timeout_s: float = 30.0) -> None:
+        self._redis = redis_client
+        self.namespace = namespace
+        self._versions, self._latest = f"{namespace}:versions", f"{namespace}:latest"
+        self._events, self._leases = f"{namespace}:events", f"{namespace}:leases"
+        self._gc_pending = f"{namespace}:gc_pending"
+        self._retry = retry or RetryPolicy()
+        self._op_timeout_s = op_timeout_s
+        self._publish = redis_client.register_script(_PUBLISH)
+        self._get_latest = redis_client.register_script(_LATEST)
+        self._acquire = redis_client.register_script(_ACQUIRE)
+        self._gc = redis_client.register_script(_GC)
+
+    async def publish(self, version: int, path: str, *, step: int,
+                      metrics: Mapping[str, float] | None = None) -> WeightVersion:
+        """Register ``version`` at ``path`` and wake every ``wait_for``. Publishing an existing version again
+        with the same path replaces its record (a resumed trainer); with another path it is an error."""
+        wv = WeightVersion(version=int(version), path=str(path), step=int(step), created_at=time.time(),
+                           metrics={k: float(v) for k, v in (metrics or {}).items()})
+        keys = [self._versions, self._latest, self._events]
+        ok, record = await self._call(lambda: self._publish(keys=keys, args=[wv.version, _dump(wv), _path_prefix(wv.path)]),
+                                      "publish")
+        if not int(ok):
+            raise WeightVersionError(f"weight version {version} is already published at "
+                                     f"{_load(version, record).path}, not at {path}: versions are immutable; "
+                                     "publish the new weights under a new version number")
+        log.info("published weight version %d (step %d) at %s", wv.version, wv.step, wv.path)
+        return wv
+
+    async def latest(self) -> WeightVersion | None:
+        """The highest published version, or None before the first publish."""
+        reply = await self._call(lambda: self._get_latest(keys=[self._versions, self._latest]), "latest")
+        if not reply or reply[1] is None:
+            return None
+        return _load(int(reply[0]), reply[1])
+
+    async def get(self, version: int) -> WeightVersion:
+        """The record of ``version``; WeightVersionError if it was never published or was garbage-collected."""
+        record = await self._call(lambda: self._redis.hget(self._versions, str(version)), "get")
+        if record is None:
+            raise WeightVersionError(f"weight version {version} is not registered in {self.namespace!r} (never "
+                                     "published, or garbage-collected): use latest() or a newer version")
+        return _load(version, record)
+
+    async def wait_for(self, min_version: int, *, timeout_s: float) -> WeightVersion:
+        """The latest version once it is >= ``min_version``; VersionWaitTimeout after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        tail = await self._call(lambda: self._redis.xrevrange(self._events, count=1), "wait_for")
+        last_id = tail[0][0] if tail else b"0-0"  # noted before reading latest: see the module docstring
+        while True:
+            current = await self.latest()
+            if current is not None and current.version >= min_version:
+                return current
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                have = "none" if current is None else str(current.version)
+                raise VersionWaitTimeout(f"no weight version >= {min_version} was published in {self.namespace!r} "
+                                         f"within {timeout_s}s (latest: {have}); is the trainer running?")
+            block_ms = max(1, int(remaining * 1000))
+
+            async def read(after: Any = last_id, ms: int = block_ms) -> Any:
+                async with asyncio.timeout(ms / 1000 + self._op_timeout_s):
+                    return await self._redis.xread({self._events: after}, block=ms)
+
+            reply = await self._retry.call(read, what=f"wait for weight version {min_version}")
+            if reply:
+                last_id = reply[0][1][-1][0]
+
+    @asynccontextmanager
+    async def lease(self, version: int, *, ttl_s: float = 60.0) -> AsyncIterator[WeightVersion]:
+        """Hold ``version`` against gc while loading it: ``async with registry.lease(v) as wv: load(wv.path)``.
+
+        Raises WeightVersionError if the version is not registered (load a newer one). The lease is renewed
+        every ``ttl_s / 3`` while held and expires ``ttl_s`` after its holder dies.
+        """
+        lease_id = uuid.uuid4().hex
+        wv = await self._take(version, lease_id, ttl_s)
+        renewer = asyncio.create_task(self._keep(version, lease_id, ttl_s), name=f"lease-{version}-{lease_id}")
+        try:
+            yield wv
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            member = f"{version}:{lease_id}"
+            await self._call(lambda: self._redis.zrem(self._leases, member), "release lease")
+
+    async def gc(self, keep_last: int, delete: DeleteFn) -> list[WeightVersion]:
+        """Unregister every version but the ``keep_last`` highest, the latest and the leased ones, then call
+        ``delete`` (async, or sync run in a thread; must tolerate files already gone) on each. Returns the versions deleted;
+        a ``delete`` that raises is logged and retried at the next gc."""
+        if keep_last < 1:
+            raise ValueError(f"gc keep_last must be >= 1 (the latest version is always kept), got {keep_last}")
+        keys = [self._versions, self._leases, self._latest, self._gc_pending]
+        flat = await self._call(lambda: self._gc(keys=keys, args=[keep_last]), "gc")
+        deleted = []
+        for raw_v, record in sorted(zip(flat[::2], flat[1::2]), key=lambda pair: int(pair[0])):
+            wv = _load(int(raw_v), record)
+            if not await self._call(partial(self._redis.hdel, self._gc_pending, raw_v), "gc claim"):
+                continue  # another gc took it
+            try:
+                if inspect.iscoroutinefunction(delete):
+                    await delete(wv)
+                else:  # a sync delete (rmtree of gigabytes) must not stall the event loop
+                    result = await asyncio.to_thread(delete, wv)
+                    if inspect.isawaitable(result):
+                        await result
+            except Exception:
+                log.exception("deleting weight version %d at %s failed; will retry at the next gc", wv.version,
+                              wv.path)
+                await self._call(partial(self._redis.hset, self._gc_pending, raw_v, record), "gc requeue")
+                continue
+            deleted.append(wv)
+        if deleted:
+            log.info("gc deleted weight versions %s", [w.version for w in deleted])
+        return deleted
+
+    async def aclose(self) -> None:
+        """Nothing to release: the Redis client belongs to whoever created it (see RedisHandle)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def _take(self, version: int, lease_id: str, ttl_s: float) -> WeightVersion:
+        args: list[Any] = [version, lease_id, int(ttl_s * 1000)]
+        record = await self._call(lambda: self._acquire(keys=[self._versions, self._leases], args=args), "lease")
+        if record is None:
+            raise WeightVersionError(f"cannot lease weight version {version} in {self.namespace!r}: it is not "
+                                     "registered (never published, or garbage-collected); load latest() instead")
+        return _load(version, record)
+
+    async def _keep(self, version: int, lease_id: str, ttl_s: float) -> None:
+        while True:
+            await asyncio.sleep(ttl_s / 3)
+            try:
+                await self._take(version, lease_id, ttl_s)
+            except QueueError:
+                log.exception("could not renew the lease on weight version %d", version)
+
+    async def _call(self, op: Callable[[], Awaitable[Any]], what: str) -> Any:
+        async def bounded() -> Any:
+            async with asyncio.timeout(self._op_timeout_s):
+                return await op()
+        return await self._retry.call(bounded, what=f"{what} in weight registry {self.namespace!r}")
+
+
+def _path_prefix(path: str) -> str:
+    return json.dumps({"path": path})[:-1] + ","  # what _dump(wv) starts with: path is its first key
+
+
+def _dump(wv: WeightVersion) -> str:
+    return json.dumps({"path": wv.path, "step": wv.step, "created_at": wv.created_at, "metrics": dict(wv.metrics)})
+
+
+def _load(version: int, record: bytes | str) -> WeightVersion:
+    d = json.loads(record)
+    return WeightVersion(version=version, path=d["path"], step=int(d["step"]), created_at=float(d["created_at"]),
+                         metrics={k: float(v) for k, v in d["metrics"].items()})

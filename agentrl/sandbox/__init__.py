@@ -1,0 +1,80 @@
+"""Sandboxes: run untrusted code under hard limits (local bubblewrap, Docker warm pool, or a remote server).
+
+    sandbox = make_sandbox("local")            # or "docker", "remote" (url=...), "auto"
+    async with sandbox:
+        result = await sandbox.run(RunRequest(code="print(1)", limits=Limits(time_s=5)))
+        async with await sandbox.session("python", Limits(time_s=5)) as s:
+            await s.run("x = 1"); await s.run("print(x)")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunResult, RunStatus, Sandbox, Session
+
+BACKENDS = ("local", "docker", "remote", "auto")
+
+
+def docker_available(timeout_s: float = 3.0) -> str | None:
+    """None if a Docker engine answers here, else why not (a message for humans)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout_s)  # type: ignore[attr-defined]  # (repo's docker/ dir)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"no Docker engine is reachable: {exc}"
+    return None
+
+
+def make_sandbox(backend: str, **opts: Any) -> Sandbox:
+    """A sandbox backend by name: ``local`` (bubblewrap), ``docker`` (warm container pool), ``remote`` (a
+    sandbox server; needs ``url=``), ``auto`` (docker if an engine answers, else local). ``opts`` go to the
+    backend's constructor. Nothing starts until the first use (or ``async with``)."""
+    if backend == "auto":
+        backend = "docker" if docker_available() is None else "local"
+    if backend == "local":
+        from agentrl.sandbox.local import LocalSandbox
+
+        return LocalSandbox(**opts)
+    if backend == "docker":
+        from agentrl.sandbox.docker import DockerSandbox
+
+        return DockerSandbox(**opts)
+    if backend == "remote":
+        from agentrl.sandbox.remote import RemoteSandbox
+
+        return RemoteSandbox(**opts)
+    raise ConfigError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def __getattr__(name: str) -> Any:  # the backends import their dependencies (docker, aiohttp) only when used
+    if name == "LocalSandbox":
+        from agentrl.sandbox.local import LocalSandbox
+
+        return LocalSandbox
+    if name == "DockerSandbox":
+        from agentrl.sandbox.docker import DockerSandbox
+
+        return DockerSandbox
+    if name == "RemoteSandbox":
+        from agentrl.sandbox.remote import RemoteSandbox
+
+        return RemoteSandbox
+    if name == "create_app":
+        from agentrl.sandbox.server import create_app
+
+        return create_app
+    raise AttributeError(name)
+
+
+__all__ = [
+    "BACKENDS", "DockerSandbox", "Limits", "LocalSandbox", "RemoteSandbox", "RequestStatus", "RunRequest",
+    "RunResult", "RunStatus", "Sandbox", "SandboxError", "Session", "create_app", "docker_available",
+    "make_sandbox",
+]

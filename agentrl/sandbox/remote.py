@@ -1,0 +1,151 @@
+"""``RemoteSandbox``: the Sandbox protocol over HTTP, talking to ``agentrl sandbox serve`` (aiohttp).
+
+Retries (``retries`` times, exponential backoff from ``backoff_s``) only what is safe and retryable: a
+connection that could not be made, and answers 429/502/503/504 (the server did not run the request). A run is
+also retried after a dropped connection (a run has no lasting effect); a session cell never is (it may have
+changed the session's state). Every call has a deadline: the run's time limit plus ``timeout_s``. Failures
+of the server or the network come back as ``SandboxError`` results (``run``) or raise ``SandboxError``
+(``session``); a request the server rejects as invalid (400/422) raises ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Self
+
+import aiohttp
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox._wire import sandbox_error
+from agentrl.sandbox.base import Limits, RunRequest, RunResult
+from agentrl.sandbox.schemas import LimitsModel, ResultModel, RunModel
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUS = frozenset({429, 502, 503, 504})
+
+
+class _Retryable(Exception):
+    pass
+
+
+class RemoteSandbox:
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3,
+                 backoff_s: float = 0.2, max_connections: int = 64) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout_s, self._retries, self._backoff_s = timeout_s, retries, backoff_s
+        self._max_connections = max_connections
+        self._http: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(headers=self._headers,
+                                               connector=aiohttp.TCPConnector(limit=self._max_connections))
+        return self._http
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None, deadline_s: float, *,
+                    idempotent: bool) -> Any:
+        """One JSON call with retries; raises SandboxError (gave up), ConfigError (rejected as invalid)."""
+        delay, last = self._backoff_s, ""
+        for attempt in range(self._retries + 1):
+            if attempt:
+                await asyncio.sleep(delay)
+                delay *= 2
+            try:
+                async with asyncio.timeout(deadline_s):
+                    return await self._once(method, path, body)
+            except _Retryable as exc:
+                last = str(exc)
+            except aiohttp.ClientConnectorError as exc:  # never reached the server
+                last = f"cannot connect to {self.url}: {exc}"
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                last = f"connection to {self.url} broke: {exc!r}"
+                if not idempotent:
+                    raise SandboxError(last) from None
+            except TimeoutError:
+                raise SandboxError(f"{method} {self.url}{path} did not answer within {deadline_s:.0f}s") from None
+            except aiohttp.ClientError as exc:
+                raise SandboxError(f"{method} {self.url}{path} failed: {exc!r}") from None
+            log.debug("sandbox call %s %s failed (attempt %d): %s", method, path, attempt + 1, last)
+        raise SandboxError(f"{method} {self.url}{path} failed after {self._retries + 1} attempts: {last}")
+
+    async def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        async with self._client().request(method, self.url + path, json=body) as resp:
+            if resp.status in RETRY_STATUS:
+                raise _Retryable(f"the server answered {resp.status}: {(await resp.text())[:300]}")
+            if resp.status in (400, 404, 422):
+                raise ConfigError(f"the sandbox server rejected {method} {path} ({resp.status}): "
+                                  f"{(await resp.text())[:500]}")
+            if resp.status >= 400:
+                raise SandboxError(f"the sandbox server answered {resp.status} to {method} {path}: "
+                                   f"{(await resp.text())[:500]}")
+            return await resp.json()
+
+    async def run(self, request: RunRequest) -> RunResult:
+        body = RunModel.of(request).model_dump(mode="json")
+        try:
+            data = await self._call("POST", "/v1/run", body, request.limits.time_s + self._timeout_s,
+                                    idempotent=True)
+        except SandboxError as exc:
+            return sandbox_error(str(exc))
+        return ResultModel.model_validate(data).to_result()
+
+    async def session(self, language: str = "python", limits: Limits | None = None) -> RemoteSession:
+        body = {"language": language, "limits": LimitsModel.of(limits or Limits()).model_dump()}
+        data = await self._call("POST", "/v1/sessions", body, self._timeout_s + 30, idempotent=False)
+        return RemoteSession(self, str(data["session_id"]), limits or Limits())
+
+    async def ping(self) -> bool:
+        try:
+            return await self._call("GET", "/v1/ping", None, self._timeout_s, idempotent=True) == "pong"
+        except (SandboxError, ConfigError):
+            return False
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class RemoteSession:
+    def __init__(self, remote: RemoteSandbox, session_id: str, limits: Limits) -> None:
+        self._remote, self.session_id, self.limits = remote, session_id, limits
+        self.closed = False
+
+    async def run(self, code: str, *, time_s: float | None = None) -> RunResult:
+        if self.closed:
+            return sandbox_error("the session is closed; open a new one")
+        t = self.limits.time_s if time_s is None else time_s
+        try:
+            data = await self._remote._call("POST", f"/v1/sessions/{self.session_id}/run",
+                                            {"code": code, "time_s": time_s}, t + self._remote._timeout_s,
+                                            idempotent=False)
+        except SandboxError as exc:
+            return sandbox_error(str(exc))
+        except ConfigError as exc:  # 404: the server closed it (idle, or restarted)
+            self.closed = True
+            return sandbox_error(str(exc))
+        return ResultModel.model_validate(data).to_result()
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self._remote._call("DELETE", f"/v1/sessions/{self.session_id}", None, self._remote._timeout_s,
+                                     idempotent=True)
+        except (SandboxError, ConfigError) as exc:
+            log.debug("closing remote session %s: %s", self.session_id, exc)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,134 @@
+"""Trainer configuration (pydantic v2: it is read from the run's YAML).
+
+``TrainerConfig`` holds everything the :class:`~agentrl.trainer.Trainer` needs, with the objective in its
+``loss`` section (:class:`LossConfig`) and the optimiser in ``optimizer`` (:class:`OptimizerConfig`).
+Unknown keys are rejected so a typo in a YAML file fails loudly.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Advantage = Literal["grpo", "dr_grpo", "rloo"]
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+Correction = Literal["none", "decoupled", "tis", "icepop"]
+Proximal = Literal["recompute", "current"]
+KLEstimator = Literal["k1", "k3"]
+StalePolicy = Literal["drop", "downweight"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OptimizerConfig(_Strict):
+    """AdamW with linear warm-up, then a constant or cosine schedule, and global-norm gradient clipping.
+
+    The schedule counts optimiser updates (``TrainerConfig.mini_batches`` of them per RL step):
+    ``lr(u) = lr * (u + 1) / (warmup_steps + 1)`` for update ``u < warmup_steps`` (0-based); then ``lr``
+    (constant) or
+    ``lr * (m + (1 - m) * (1 + cos(pi * p)) / 2)`` with ``p = (u - warmup) / (total - warmup)`` clamped to
+    [0, 1] and ``m = min_lr_ratio`` (cosine).
+    """
+
+    lr: float = Field(default=1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)  # applied to matrices only, never to norms and biases
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int | None = Field(default=None, gt=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    grad_clip: float | None = Field(default=1.0, gt=0)  # None: no clipping (the norm is still reported)
+
+    @model_validator(mode="after")
+    def _check(self) -> OptimizerConfig:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be in [0, 1), got {self.betas}")
+        if self.schedule == "cosine" and self.total_steps is None:
+            raise ValueError("schedule 'cosine' needs total_steps (the number of optimiser updates)")
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} exceeds total_steps {self.total_steps}")
+        return self
+
+
+class LossConfig(_Strict):
+    """The RL objective: advantages, clipped surrogate, off-policy correction, KL, entropy, staleness.
+
+    Per token, with ``r = exp(logp - logp_old)`` and advantage ``A``:
+    ``pg = max(-A * r, -A * clip(r, 1 - clip_eps_low, 1 + clip_eps_high))`` (DAPO clip-higher when
+    ``clip_eps_high > clip_eps_low``). ``logp_old`` is the behaviour logprob (correction ``none``) or the
+    proximal logprob (every other correction). With ``w = exp(logp_prox - logp_behav)``:
+
+    - ``none``: loss ``pg`` (naive PPO against the engine's behaviour policy).
+    - ``decoupled`` (AReaL): ``w * pg``; tokens with ``w > decoupled_weight_cap`` are masked (if set).
+    - ``tis``: ``min(w, tis_cap) * pg`` (truncated importance sampling).
+    - ``icepop``: ``w * pg`` where ``icepop_low <= w <= icepop_high``, masked elsewhere.
+
+    ``proximal``: ``recompute`` runs a no-grad forward pass before the update (AReaL's recomputed proximal
+    policy); ``current`` uses the current logprobs, detached (no extra pass; identical to ``recompute`` when
+    there is one optimiser update per RL step).
+    """
+
+    advantage: Advantage = "grpo"
+    adv_eps: float = Field(default=1e-6, gt=0)  # GRPO: A = (r - mean) / (std + adv_eps)
+    clip_eps_low: float = Field(default=0.2, gt=0, lt=1)
+    clip_eps_high: float = Field(default=0.28, gt=0)
+    loss_agg: LossAgg = "token_mean"
+    # seq_mean_token_sum divides by this constant (Dr.GRPO's, e.g. the generation budget)
+    token_sum_norm: float | None = Field(default=None, gt=0)
+    correction: Correction = "decoupled"
+    proximal: Proximal = "recompute"
+    decoupled_weight_cap: float | None = Field(default=5.0, gt=1)
+    tis_cap: float = Field(default=2.0, gt=0)
+    icepop_low: float = Field(default=0.5, gt=0)
+    icepop_high: float = Field(default=5.0, gt=0)
+    kl_coef: float = Field(default=0.0, ge=0)
+    kl_estimator: KLEstimator = "k3"
+    entropy_coef: float = Field(default=0.0, ge=0)
+    temperature: float = Field(default=1.0, gt=0)  # logits / temperature, as the engine sampled
+    max_staleness: int | None = Field(default=None, ge=0)  # eta: more than eta versions old is stale
+    stale_policy: StalePolicy = "drop"
+    stale_decay: float = Field(
+        default=0.5, gt=0, le=1
+    )  # downweight: weight = stale_decay ** (staleness - eta)
+
+    @model_validator(mode="after")
+    def _check(self) -> LossConfig:
+        if self.icepop_low >= self.icepop_high:
+            raise ValueError(f"icepop_low {self.icepop_low} must be below icepop_high {self.icepop_high}")
+        if self.token_sum_norm is not None and self.loss_agg != "seq_mean_token_sum":
+            raise ValueError("token_sum_norm applies only to loss_agg 'seq_mean_token_sum'")
+        return self
+
+    @property
+    def needs_proximal_pass(self) -> bool:
+        return self.correction != "none" and self.proximal == "recompute"
+
+
+class TrainerConfig(_Strict):
+    """One trainer process group: model, precision, batching, optimiser and objective.
+
+    ``model`` is a local Hugging Face folder (resolve named models such as ``tiny`` with
+    :func:`agentrl.models.resolve_model` first). ``ref_model`` (default: ``model``) is the frozen reference
+    policy, loaded only when ``loss.kl_coef > 0``.
+    """
+
+    model: str
+    ref_model: str | None = None
+    optimizer: OptimizerConfig = OptimizerConfig()  # frozen: sharing the default instance is safe
+    loss: LossConfig = LossConfig()
+    micro_batch_tokens: int = Field(default=8192, gt=0)  # budget of one micro-batch, padding included
+    layout: Literal["packed", "padded"] = "packed"
+    mini_batches: int = Field(
+        default=1, ge=1
+    )  # optimiser updates per rl_step (the batch is split in this many)
+    dtype: Literal["fp32", "bf16"] = "fp32"  # bf16: bf16 compute, fp32 master weights and reductions
+    activation_checkpointing: bool = False
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_threads: int | None = Field(
+        default=None, ge=1
+    )  # torch intra-op threads of this process (None: leave as is)
+    seed: int = 0

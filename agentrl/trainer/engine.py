@@ -1,0 +1,353 @@
+"""The FSDP2 trainer: RL steps with off-policy corrections, SFT steps, checkpoints and HF export.
+
+SPMD: every rank constructs a :class:`Trainer` and calls the same methods with the same global batch
+(e.g. rank 0 reads the queue and shares the batch with :func:`broadcast_object`); the trainer splits the
+work between ranks itself. One ``rl_step`` = a proximal (and reference) no-grad pass if the objective needs
+it, then ``mini_batches`` optimiser updates, each accumulating gradients over micro-batches under the token
+budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from agentrl.trainer import storage
+from agentrl.trainer.base import SFTMetrics, StepMetrics, TokenTrace
+from agentrl.trainer.collate import (
+    MicroBatch,
+    PreparedBatch,
+    plan_micro_batches,
+    prepare_rl,
+    prepare_sft,
+    split_mini_batches,
+)
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.model import (
+    DistInfo,
+    EntropyMode,
+    ScoredLM,
+    build_policy,
+    init_distributed,
+    make_optimizer,
+)
+from agentrl.trainer.objectives import TokenStats, policy_loss, sft_loss
+from agentrl.types import Trajectory
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+LossFn = Callable[[int, MicroBatch], tuple[Tensor, TokenStats | None]]
+
+
+def broadcast_object(obj: T | None, src: int = 0) -> T:
+    """Send a picklable object (e.g. the list of trajectories read by rank 0) to every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        assert obj is not None
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]  # type: ignore[return-value]
+
+
+class Trainer:
+    """FSDP2 policy trainer. Use as a context manager or call :meth:`close`.
+
+    Attributes ``step`` (trainer steps done) and ``weight_version`` (version of the current weights) are
+    saved in checkpoints; ``rank`` and ``world_size`` describe the process group.
+    """
+
+    def __init__(self, config: TrainerConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self._dist: DistInfo = init_distributed(config.device)
+        self._source = Path(config.model)
+        self._policy: ScoredLM = build_policy(
+            self._source,
+            self._dist,
+            dtype=config.dtype,
+            trainable=True,
+            activation_checkpointing=config.activation_checkpointing,
+        )
+        self._ref: ScoredLM | None = None
+        if config.loss.kl_coef > 0:
+            self._ref = build_policy(
+                Path(config.ref_model or config.model), self._dist, dtype=config.dtype, trainable=False
+            )
+        self._optimizer, self._scheduler = make_optimizer(self._policy, config.optimizer)
+        text_cfg = self._policy.lm.config.get_text_config()
+        self._pad_id = int(getattr(text_cfg, "pad_token_id", None) or 0)
+        self.step = 0
+        self.weight_version = 0
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._dist.world_size
+
+    # ---- steps -------------------------------------------------------------------------------------------
+
+    def rl_step(self, trajectories: Sequence[Trajectory], *, current_version: int) -> StepMetrics:
+        """One RL step on the global batch (same list on every rank); leaves ``weight_version = v + 1``."""
+        t0 = time.perf_counter()
+        cfg = self.config.loss
+        prep = prepare_rl(trajectories, current_version=current_version, cfg=cfg)
+        plans = [
+            self._plan(mini, cfg.loss_agg, cfg.token_sum_norm)
+            for mini in split_mini_batches(prep.samples, self.config.mini_batches)
+        ]
+        prox = (
+            [[self._logprobs(self._policy, mb) for mb in plan] for plan in plans]
+            if cfg.needs_proximal_pass
+            else None
+        )
+        ref = [[self._logprobs(self._ref, mb) for mb in plan] for plan in plans] if self._ref else None
+        entropy: EntropyMode = "grad" if cfg.entropy_coef > 0 else "metric"
+        sums, maxes, norms, skipped = [], [], [], not plans
+        for i, plan in enumerate(plans):
+
+            def loss_fn(j: int, mb: MicroBatch, i: int = i) -> tuple[Tensor, TokenStats | None]:
+                logp, ent = self._forward(self._policy, mb, entropy)
+                loss, _, stats = policy_loss(
+                    cfg,
+                    logp=logp,
+                    behavior_logp=mb.behavior_logprobs,
+                    advantages=mb.advantages,
+                    weights=mb.weights,
+                    proximal_logp=prox[i][j] if prox else None,
+                    ref_logp=ref[i][j] if ref else None,
+                    entropy=ent,
+                )
+                return loss, stats
+
+            s, m, norm, ok = self._update(plan, loss_fn)
+            sums.append(s)
+            maxes.append(m)
+            norms.append(norm)
+            skipped = skipped or not ok
+        self.step += 1
+        self.weight_version = current_version + 1
+        return self._rl_metrics(prep, sums, maxes, norms, skipped, time.perf_counter() - t0)
+
+    def sft_step(self, batch: Sequence[TokenTrace]) -> SFTMetrics:
+        """One optimiser update of masked next-token NLL (token mean over the global batch)."""
+        t0 = time.perf_counter()
+        prep = prepare_sft(batch)
+        plan = self._plan(list(prep.samples), "token_mean", None)
+
+        def loss_fn(j: int, mb: MicroBatch) -> tuple[Tensor, TokenStats | None]:
+            logp, _ = self._forward(self._policy, mb, "none")
+            return sft_loss(logp, mb.weights), None
+
+        s, _, norm, ok = self._update(plan, loss_fn) if prep.samples else (torch.zeros(9), None, 0.0, False)
+        self.step += 1
+        return SFTMetrics(
+            step=self.step,
+            loss=float(s[0]),
+            grad_norm=norm,
+            lr=self._lr(),
+            tokens=prep.tokens,
+            model_tokens=prep.model_tokens,
+            num_sequences=len(prep.samples),
+            skipped=not ok,
+            time_s=time.perf_counter() - t0,
+        )
+
+    @torch.no_grad()
+    def logprobs(self, batch: Sequence[TokenTrace]) -> list[Tensor]:
+        """Per-token logprobs of the current policy (collective; same batch on every rank).
+
+        One fp32 tensor per trace, aligned with ``token_ids``: the logprob of token t (given tokens < t) where
+        ``loss_mask[t] == 1``, 0.0 elsewhere, as ``Trajectory.behavior_logprobs`` holds the engine's.
+        """
+        prep = prepare_sft(batch)
+        out = [torch.zeros(len(t.token_ids)) for t in batch]
+        source = {s.index: s for s in prep.samples}
+        found: list[tuple[int, Tensor, Tensor]] = []
+        for mb in self._plan(list(prep.samples), "token_mean", None):
+            if mb.is_dummy:
+                continue
+            logp = self._logprobs(self._policy, mb).cpu()
+            for idx in mb.seq_index.unique().tolist():
+                sel = (mb.seq_index == idx).cpu()
+                s = source[idx]
+                found.append((s.source, s.score_pos + 1, logp[sel]))
+        if self.world_size > 1:
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, found)
+            found = [x for part in parts for x in part]
+        for src, pos, vals in found:
+            out[src][pos] = vals
+        return out
+
+    # ---- persistence ---------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Atomically write model, optimiser, scheduler, RNG, step, version and ``extra`` (JSON)."""
+        state = {"step": self.step, "weight_version": self.weight_version}
+        return storage.save_checkpoint(
+            Path(path),
+            model=self._policy,
+            optimizer=self._optimizer,
+            scheduler=self._scheduler,
+            state=state,
+            extra=extra or {},
+        )
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore everything :meth:`save_checkpoint` wrote; return its ``extra`` dict."""
+        doc = storage.load_checkpoint(
+            Path(path), model=self._policy, optimizer=self._optimizer, scheduler=self._scheduler
+        )
+        self.step = int(doc["step"])
+        self.weight_version = int(doc["weight_version"])
+        return dict(doc.get("extra", {}))
+
+    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Atomically write the current weights as an HF folder (safetensors, config, tokenizer files)."""
+        return storage.export_hf(self._policy, self._source, Path(path), dtype)
+
+    def close(self) -> None:
+        """Free the model and destroy the process group if this trainer created it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        del self._policy, self._ref, self._optimizer, self._scheduler
+        if self._dist.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals -----------------------------------------------------------------------------------------
+
+    def _plan(self, samples: Sequence[Any], mode: Any, norm: float | None) -> list[MicroBatch]:
+        mbs = plan_micro_batches(
+            samples,
+            mode=mode,
+            token_budget=self.config.micro_batch_tokens,
+            layout=self.config.layout,
+            rank=self.rank,
+            world_size=self.world_size,
+            token_sum_norm=norm,
+            pad_id=self._pad_id,
+        )
+        return [self._to_device(mb) for mb in mbs]
+
+    def _to_device(self, mb: MicroBatch) -> MicroBatch:
+        dev = self._dist.device
+        if dev.type == "cpu":
+            return mb
+        moved: dict[str, Any] = {
+            f.name: v.to(dev) for f in fields(mb) if isinstance(v := getattr(mb, f.name), Tensor)
+        }
+        return replace(mb, **moved)
+
+    def _forward(
+        self, module: ScoredLM, mb: MicroBatch, entropy: EntropyMode
+    ) -> tuple[Tensor, Tensor | None]:
+        return module(
+            mb.input_ids,
+            mb.position_ids,
+            mb.attention_mask,
+            mb.score_index,
+            mb.targets,
+            self.config.loss.temperature,
+            entropy,
+        )
+
+    @torch.no_grad()
+    def _logprobs(self, module: ScoredLM | None, mb: MicroBatch) -> Tensor:
+        assert module is not None
+        return self._forward(module, mb, "none")[0]
+
+    def _update(self, plan: list[MicroBatch], loss_fn: LossFn) -> tuple[Tensor, Tensor, float, bool]:
+        """Accumulate gradients over ``plan``, clip, step; return reduced (sums, maxima), norm, applied."""
+        self._optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(9, dtype=torch.float64)
+        maxes = torch.full((2,), -math.inf, dtype=torch.float64)
+        for j, mb in enumerate(plan):
+            loss, stats = loss_fn(j, mb)
+            # FSDP averages gradients over ranks; the weights hold global normalisers already: undo it.
+            (loss * self.world_size).backward()
+            sums[0] += loss.detach().double().cpu()
+            if stats is not None:
+                s, m = stats.vectors()
+                sums[1:] += s.cpu()
+                maxes = torch.maximum(maxes, m.cpu())
+        if self.world_size > 1:
+            dist.all_reduce(sums)
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        params = [p for p in self._policy.parameters() if p.requires_grad]
+        clip = self.config.optimizer.grad_clip
+        norm_t = torch.nn.utils.clip_grad_norm_(params, max_norm=clip if clip is not None else math.inf)
+        norm = float(norm_t.full_tensor() if hasattr(norm_t, "full_tensor") else norm_t)
+        if not math.isfinite(norm):
+            logger.warning("gradient norm is %s at step %d: update skipped", norm, self.step + 1)
+            self._optimizer.zero_grad(set_to_none=True)
+            return sums, maxes, norm, False
+        self._optimizer.step()
+        self._scheduler.step()
+        return sums, maxes, norm, True
+
+    def _lr(self) -> float:
+        return float(self._optimizer.param_groups[0]["lr"])
+
+    def _rl_metrics(
+        self,
+        prep: PreparedBatch,
+        sums: list[Tensor],
+        maxes: list[Tensor],
+        norms: list[float],
+        skipped: bool,
+        elapsed: float,
+    ) -> StepMetrics:
+        n = len(sums)
+        tot = torch.stack(sums).sum(0) if sums else torch.zeros(9, dtype=torch.float64)
+        mx = torch.stack(maxes).max(0).values if maxes else torch.full((2,), -math.inf, dtype=torch.float64)
+        loss, (tokens, clipped, masked, w_sum, kl_sum, ent_sum, bkl_sum, pg) = tot[0] / max(n, 1), tot[1:]
+        per = 1.0 / max(float(tokens), 1.0)
+        return StepMetrics(
+            step=self.step,
+            weight_version=self.weight_version,
+            loss=float(loss),
+            pg_loss=float(pg) / max(n, 1),
+            grad_norm=sum(norms) / max(n, 1),
+            lr=self._lr(),
+            clip_frac=float(clipped) * per,
+            kl=float(kl_sum) * per if self._ref is not None else None,
+            entropy=float(ent_sum) * per,
+            is_weight_mean=float(w_sum) * per,
+            is_weight_min=-float(mx[1]) if tokens else math.nan,
+            is_weight_max=float(mx[0]) if tokens else math.nan,
+            masked_frac=float(masked) * per,
+            behav_kl=float(bkl_sum) * per,
+            staleness_mean=prep.staleness_mean,
+            staleness_max=prep.staleness_max,
+            reward_mean=prep.reward_mean,
+            tokens=prep.tokens,
+            model_tokens=prep.model_tokens,
+            num_trajectories=len(prep.samples),
+            dropped_stale=prep.dropped_stale,
+            downweighted_stale=prep.downweighted_stale,
+            dropped_invalid=prep.dropped_invalid,
+            skipped=skipped,
+            time_s=elapsed,
+        )

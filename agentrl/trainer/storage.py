@@ -1,0 +1,236 @@
+"""Checkpoints and HF weight export, both written atomically (temp dir beside the target, then rename).
+
+Checkpoint folder::
+
+    trainer_state.json   step, weight_version, world_size, scheduler state, the caller's ``extra`` (JSON)
+    state/               model + optimiser, sharded with torch.distributed.checkpoint (reshardable: a run
+                         saved at one world size resumes at another)
+    rng/rank<r>.pt       each rank's RNG states (torch, CUDA, python, numpy)
+
+A folder exists under its final name only once complete, so the newest folder with a ``trainer_state.json``
+is always a good checkpoint. Every rank calls save/load/export (they are collective); only rank 0 renames.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from agentrl.errors import ConfigError, TrainerError
+from agentrl.trainer.model import ScoredLM
+
+STATE_FILE = "trainer_state.json"
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".safetensors.index.json",
+    ".bin.index.json",
+)
+MAX_SHARD_BYTES = 4 * 1024**3
+
+
+def partial_path(target: Path) -> Path:
+    """Where a folder is assembled before its rename to ``target`` (same filesystem, same on every rank)."""
+    return target.parent / f".{target.name}.partial"
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Rename a finished temp folder to ``target``, replacing an existing one (rank 0 only)."""
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    old = target.parent / f".{target.name}.old"
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _prepare_tmp(target: Path, rank: int) -> Path:
+    tmp = partial_path(target)
+    if rank == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    return tmp
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    target: Path,
+    *,
+    model: ScoredLM,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: dict[str, Any],
+    extra: dict[str, Any],
+) -> Path:
+    """Write a complete checkpoint to ``target`` (collective)."""
+    try:
+        extra_json = json.dumps(extra)
+    except TypeError as exc:
+        raise ConfigError(
+            f"checkpoint extra must be JSON-serialisable (str, number, list, dict): {exc}"
+        ) from exc
+    rank = dist.get_rank()
+    tmp = _prepare_tmp(target, rank)
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "state"))
+    (tmp / "rng").mkdir(exist_ok=True)
+    torch.save(_rng_state(), tmp / "rng" / f"rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+        doc = dict(state, world_size=dist.get_world_size(), scheduler=sched, extra=json.loads(extra_json))
+        (tmp / STATE_FILE).write_text(json.dumps(doc, indent=1))
+        publish_dir(tmp, target)
+    dist.barrier()
+    return target
+
+
+def load_checkpoint(
+    source: Path,
+    *,
+    model: ScoredLM,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """Restore model, optimiser, scheduler and RNG from ``source``; return the saved state document."""
+    if not (source / STATE_FILE).exists():
+        raise TrainerError(
+            f"{source} is not a complete checkpoint (no {STATE_FILE}): pass a folder written by "
+            "save_checkpoint (find the newest with agentrl.trainer.latest_checkpoint)"
+        )
+    doc = json.loads((source / STATE_FILE).read_text())
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(source / "state"))  # loads in place
+    set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+    sched = dict(doc["scheduler"])
+    sched["lr_lambdas"] = [None] * len(optimizer.param_groups)
+    scheduler.load_state_dict(sched)
+    rank = dist.get_rank()
+    rng_file = source / "rng" / f"rank{rank}.pt"
+    if not rng_file.exists():  # resumed at a larger world size: new ranks start from rank 0's state
+        rng_file = source / "rng" / "rank0.pt"
+    _set_rng_state(torch.load(rng_file, weights_only=False))
+    dist.barrier()
+    return doc
+
+
+def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The most recently completed checkpoint folder directly under ``root`` (None if there is none)."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    done = [p for p in root.iterdir() if not p.name.startswith(".") and (p / STATE_FILE).exists()]
+    return max(done, key=lambda p: (p / STATE_FILE).stat().st_mtime_ns, default=None)
+
+
+def full_state_dict(model: ScoredLM) -> dict[str, torch.Tensor]:
+    """The HF state dict gathered on rank 0 (CPU); empty on other ranks. Tied weights appear once."""
+    raw = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sd = {k.removeprefix("lm."): v for k, v in raw.items() if isinstance(v, torch.Tensor)}
+    lm = model.lm
+    if getattr(lm.config.get_text_config(), "tie_word_embeddings", False):
+        tied = getattr(lm, "_tied_weights_keys", None) or ()
+        for key in tied:
+            sd.pop(key, None)
+    return sd
+
+
+def _write_safetensors(sd: dict[str, torch.Tensor], out: Path) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, v in sd.items():
+        nbytes = v.numel() * v.element_size()
+        if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v.contiguous()
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    index: dict[str, Any] = {
+        "metadata": {"total_size": sum(v.numel() * v.element_size() for v in sd.values())},
+        "weight_map": {},
+    }
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        index["weight_map"].update({k: name for k in shard})
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
+def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | None = None) -> Path:
+    """Write the current weights as an HF folder: safetensors, config, generation config, tokenizer files.
+
+    Collective: every rank joins the gather; rank 0 writes into a temp folder and renames it to ``target``.
+    Non-weight files (tokenizer, chat template, generation config) are copied from the ``source`` folder.
+    """
+    rank = dist.get_rank()
+    sd = full_state_dict(model)
+    if rank == 0:
+        tmp = partial_path(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for f in source.iterdir():
+            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != "config.json":
+                shutil.copy2(f, tmp / f.name)
+        if dtype is not None:
+            sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+        _write_safetensors(sd, tmp)
+        config = copy.deepcopy(model.lm.config)
+        config.use_cache = True
+        config.dtype = dtype or torch.float32
+        config.save_pretrained(str(tmp))
+        publish_dir(tmp, target)
+    dist.barrier()
+    return target

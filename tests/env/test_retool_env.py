@@ -1,0 +1,95 @@
+"""The ReTool environment against the REAL local sandbox and the real math checker: code runs, state carries
+across turns, a hostile infinite loop ends as a timeout observation, the interpreter's output never counts as the
+model's answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl.async_rollout.episode import EpisodeRunner
+from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
+from agentrl.env.registry import EnvResources
+from agentrl.env.retool import ReToolEnv
+from agentrl.rewards import MathVerifier, RewardInput
+from agentrl.sandbox import make_sandbox
+from agentrl.types import FinishReason, Task
+
+
+@pytest.fixture(scope="module")
+async def resources():
+    sandbox = make_sandbox("local", max_concurrency=4)
+    if hasattr(sandbox, "start"):
+        await sandbox.start()
+    verifier = MathVerifier(workers=1)
+    await verifier.start()
+    try:
+        yield EnvResources(sandbox=sandbox, verifier=verifier)
+    finally:
+        await verifier.aclose()
+        await sandbox.aclose()
+
+
+async def test_code_runs_and_state_carries_across_turns(resources):
+    async with ReToolEnv(resources) as env:
+        await env.reset(Task(id="t", prompt="?", answer="391"))
+        first = await env.step("Let me set it.\n<code>\nx = 17 * 23\nprint(x)\n</code>")
+        second = await env.step("<code>print(x + 0)</code>")
+    assert first.observation.text == "\n<interpreter>\n391\n</interpreter>\n"
+    assert second.observation.text == "\n<interpreter>\n391\n</interpreter>\n"
+    assert first.tool_results[0].status == "Finished" and not first.done
+
+
+async def test_errors_and_malformed_calls_are_observations(resources):
+    async with ReToolEnv(resources) as env:
+        await env.reset(Task(id="t", prompt="?", answer="1"))
+        err = await env.step("<code>1/0</code>")
+        bad = await env.step("<code>print(1)")
+    assert "ZeroDivisionError" in err.observation.text and err.tool_results[0].status == "Error"
+    assert "not closed" in bad.observation.text and bad.tool_calls[0].error
+
+
+async def test_hostile_infinite_loop_becomes_a_timeout_observation(resources):
+    async with ReToolEnv(resources, code_timeout_s=1.0) as env:
+        await env.reset(Task(id="t", prompt="?", answer="1"))
+        result = await asyncio.wait_for(env.step("<code>\nwhile True:\n    pass\n</code>"), 60)
+        after = await env.step("<code>print('alive')</code>")  # the session recovers for the next turn
+    assert result.tool_results[0].status == "TimeLimitExceeded"
+    assert "TimeoutError" in result.observation.text
+    assert "alive" in after.observation.text
+
+
+async def test_reward_reads_the_models_text_not_the_interpreters(resources):
+    async with ReToolEnv(resources) as env:
+        await env.reset(Task(id="t", prompt="?", answer="391"))
+        right = await env.score(RewardInput(text="The answer is \\boxed{391}."))
+        # the interpreter printed \boxed{391}, but the model's own text says 390
+        wrong = await env.score(RewardInput(text="<code>print('\\\\boxed{391}')</code>So \\boxed{390}."))
+    assert right.ok and right.score == 1.0
+    assert wrong.ok and wrong.score == 0.0
+
+
+class HostileEngine:
+    """A model that writes an infinite loop, then answers."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.turns = ["<code>\nwhile True:\n    pass\n</code>", "The answer is \\boxed{2}."]
+
+    async def generate(self, input_ids, sampling, *, sticky_key=None):
+        ids = self.tok.encode_text(self.turns.pop(0))
+        if not self.turns:
+            ids.append(self.tok.eos_token_id)
+        return GenerateResult(ids, [-0.1] * len(ids), [0] * len(ids), EngineFinish.STOP)
+
+
+async def test_episode_with_hostile_code_ends_with_a_timeout_observation(resources, chat_tokenizer):
+    runner = EpisodeRunner(HostileEngine(chat_tokenizer), chat_tokenizer, SamplingParams())
+    async with ReToolEnv(resources, code_timeout_s=1.0) as env:
+        traj = await asyncio.wait_for(runner.run(env, Task(id="t", prompt="1+1?", answer="2")), 120)
+    assert traj.turns[0].tool_results[0].status == "TimeLimitExceeded"
+    obs = traj.token_ids[traj.turns[0].token_end: traj.turns[0].token_end + traj.turns[0].observation_len]
+    assert "TimeoutError" in chat_tokenizer.decode(obs)
+    assert all(traj.loss_mask[traj.turns[0].token_end + i] == 0 for i in range(len(obs)))
+    assert traj.finish_reason is FinishReason.STOP and traj.reward == 1.0

@@ -1,0 +1,221 @@
+"""TrajectoryQueue against real Redis servers (embedded 6.2 and Debian 7): delivery, ack, reclaim, backpressure,
+dead letters, stats."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+import redis.asyncio
+from queue_support import make_trajectory
+
+from agentrl.errors import ConfigError, QueueError
+from agentrl.queue import (
+    QueueFullError,
+    RetryPolicy,
+    TrajectoryConsumer,
+    TrajectoryProducer,
+    TrajectoryQueue,
+    make_client,
+)
+
+pytestmark = pytest.mark.redis
+
+
+def queue(client: redis.asyncio.Redis, name: str, consumer: str | None = "c1", **kw: object) -> TrajectoryQueue:
+    return TrajectoryQueue(client, name, consumer=consumer, **kw)  # type: ignore[arg-type]
+
+
+async def test_put_read_ack_round_trip(client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name)
+    assert isinstance(q, TrajectoryProducer) and isinstance(q, TrajectoryConsumer)
+    sent = [make_trajectory(version=v) for v in (0, 1, 2)]
+    ids = await q.put(sent)
+    entries = await q.read(10, timeout_s=1)
+    assert [e.entry_id for e in entries] == ids
+    assert [e.trajectory for e in entries] == sent  # exact, field by field
+    assert await q.ack(ids) == 3
+    assert await q.ack(ids) == 0  # idempotent
+    stats = await q.stats()
+    assert (stats.length, stats.pending, stats.per_version) == (0, 0, {})  # acknowledged entries are trimmed
+    assert await client.xlen(name) == 0
+    assert await client.hlen(f"{name}:payloads") == await client.hlen(f"{name}:ids") == 0  # nothing left behind
+
+
+async def test_read_times_out_empty(client: redis.asyncio.Redis, name: str) -> None:
+    assert await queue(client, name).read(4, timeout_s=0.05) == []
+    assert await queue(client, name).read(4, timeout_s=0) == []
+
+
+async def test_put_is_idempotent_per_trajectory_id(client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name)
+    t = make_trajectory()
+    first = await q.put([t])
+    assert await q.put([t]) == first  # a producer retry after a lost reply does not duplicate
+    assert (await q.stats()).length == 1
+
+
+async def test_dead_consumer_entries_are_reclaimed_and_trained_once(client: redis.asyncio.Redis,
+                                                                    name: str) -> None:
+    sent = [make_trajectory(version=i) for i in range(10)]
+    ids = await queue(client, name, consumer=None).put(sent)
+    dead = queue(client, name, consumer="dead")
+    taken = await dead.read(6, timeout_s=1)  # ... and the process dies before ack
+    assert len(taken) == 6
+    alive = queue(client, name, consumer="alive")
+    trained: list[str] = []
+    for e in await alive.read(10, timeout_s=1):  # only the 4 nobody had
+        trained.append(e.trajectory.trajectory_id)
+        await alive.ack([e.entry_id])
+    assert await alive.reclaim(min_idle_s=60, count=10) == []  # not idle long enough yet
+    await asyncio.sleep(0.05)
+    reclaimed = await alive.reclaim(min_idle_s=0.01, count=10)
+    assert sorted(e.entry_id for e in reclaimed) == sorted(e.entry_id for e in taken)
+    trained.extend(e.trajectory.trajectory_id for e in reclaimed)
+    await alive.ack([e.entry_id for e in reclaimed])
+    assert sorted(trained) == sorted(t.trajectory_id for t in sent)  # every entry, each exactly once
+    assert await alive.read(10, timeout_s=0.05) == []
+    stats = await alive.stats()
+    assert (stats.length, stats.pending, stats.dead_letters) == (0, 0, 0)
+    assert await dead.renew([e.entry_id for e in taken]) == []  # a zombie learns it lost them
+    assert ids
+
+
+async def test_renew_fences_a_slow_consumer(client: redis.asyncio.Redis, name: str) -> None:
+    await queue(client, name).put([make_trajectory() for _ in range(3)])
+    slow, other = queue(client, name, consumer="slow"), queue(client, name, consumer="other")
+    mine = [e.entry_id for e in await slow.read(3, timeout_s=1)]
+    assert await slow.renew(mine) == mine  # still mine: idle time reset
+    assert await other.reclaim(min_idle_s=30, count=3) == []
+    await asyncio.sleep(0.05)
+    taken = [e.entry_id for e in await other.reclaim(min_idle_s=0.01, count=3)]
+    assert taken == mine
+    assert await slow.renew(mine) == []  # the step that used them must not be committed
+    assert await other.renew(mine) == mine
+
+
+async def test_restarted_consumer_gets_its_uncommitted_entries_first(client: redis.asyncio.Redis,
+                                                                     name: str) -> None:
+    sent = [make_trajectory(version=i) for i in range(6)]
+    await queue(client, name, consumer=None).put(sent)
+    before = await queue(client, name, consumer="trainer-0").read(3, timeout_s=1)
+    # crash after committing a step that used before[0] (its id is in the checkpoint) but before acking it
+    resumed = queue(client, name, consumer="trainer-0")
+    assert await resumed.ack([before[0].entry_id]) == 1
+    again = await resumed.read(10, timeout_s=1)
+    assert [e.entry_id for e in again] == [e.entry_id for e in before[1:]]
+    rest = await resumed.read(10, timeout_s=1)
+    assert [e.trajectory for e in rest] == sent[3:]
+    await resumed.ack([e.entry_id for e in again + rest])
+    assert (await resumed.stats()).length == 0
+
+
+async def test_full_queue_blocks_producers_until_acks(client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name, capacity=4)
+    await q.put([make_trajectory(tag=str(i)) for i in range(4)])
+    extra = [make_trajectory(tag=f"x{i}") for i in range(3)]
+    blocked = asyncio.create_task(q.put(extra))
+    await asyncio.sleep(0.3)
+    assert not blocked.done()
+    assert (await q.stats()).length == 4  # nothing dropped, nothing over capacity
+    first = await q.read(2, timeout_s=1)
+    await q.ack([e.entry_id for e in first])
+    await asyncio.sleep(0.3)
+    assert not blocked.done()  # 2 of 3 got in, the third still waits
+    assert (await q.stats()).length == 4
+    nxt = await q.read(1, timeout_s=1)
+    await q.ack([e.entry_id for e in nxt])
+    ids = await asyncio.wait_for(blocked, 10)
+    assert len(ids) == 3
+    remaining = await q.read(10, timeout_s=1)
+    assert [e.trajectory for e in remaining][-3:] == extra  # in order
+
+
+async def test_full_queue_put_timeout_says_what_got_in(client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name, capacity=2)
+    batch = [make_trajectory(tag=str(i)) for i in range(3)]
+    with pytest.raises(QueueFullError, match="stayed full") as err:
+        await q.put(batch, timeout_s=0.2)
+    assert len(err.value.enqueued_ids) == 2
+    assert await client.hlen(f"{name}:payloads") == 2  # the refused payload was taken back
+    assert [e.trajectory for e in await q.read(5, timeout_s=1)] == batch[:2]
+
+
+async def test_malformed_payloads_go_to_dead_letters(client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name)
+    good = make_trajectory()
+    await client.xadd(name, {"t": b"\xc1 not msgpack"})
+    await q.put([good])
+    await client.xadd(name, {"other": b"field"})
+    await client.xadd(name, {"t": msgpack.packb({"schema": 999})})
+    await client.xadd(name, {"i": "ghost", "v": "0"})  # an entry whose payload is not in S:payloads
+    entries = await q.read(10, timeout_s=1)
+    assert [e.trajectory for e in entries] == [good]  # the consumer survives and gets the good one
+    stats = await q.stats()
+    assert (stats.dead_letters, stats.pending, stats.length) == (4, 1, 1)
+    dead = await client.xrange(f"{name}:dead")
+    errors = [fields[b"error"].decode() for _, fields in dead]
+    assert "msgpack" in errors[0] and "payload" in errors[1] and "schema 999" in errors[2]
+    assert "no payload" in errors[3]
+    assert dead[0][1][b"payload"] == b"\xc1 not msgpack"  # kept for inspection
+
+
+async def test_entry_redelivered_too_often_is_dead_lettered(client: redis.asyncio.Redis, name: str) -> None:
+    await queue(client, name).put([make_trajectory()])
+    await queue(client, name, consumer="a").read(1, timeout_s=1)  # delivery 1
+    await asyncio.sleep(0.02)
+    assert len(await queue(client, name, consumer="b", max_deliveries=2).reclaim(0.01, 5)) == 1  # delivery 2
+    await asyncio.sleep(0.02)
+    assert await queue(client, name, consumer="c", max_deliveries=2).reclaim(0.01, 5) == []  # 3 > 2: poison
+    stats = await queue(client, name).stats()
+    assert (stats.dead_letters, stats.length, stats.pending) == (1, 0, 0)
+
+
+async def test_stats_count_versions_pending_and_age(client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name)
+    no_model = make_trajectory(n_tokens=16, prompt_len=16)  # only prompt tokens: version -1
+    await q.put([make_trajectory(version=1), make_trajectory(version=1), make_trajectory(version=2), no_model])
+    first = await q.read(1, timeout_s=1)
+    stats = await q.stats()
+    assert stats.per_version == {1: 2, 2: 1, -1: 1}
+    assert (stats.length, stats.pending, stats.waiting, stats.capacity) == (4, 1, 3, 1024)
+    assert stats.pending_per_consumer == {"c1": 1}
+    assert stats.oldest_age_s is not None and stats.oldest_age_s >= 0
+    await q.ack([first[0].entry_id])
+    assert (await q.stats()).per_version == {1: 1, 2: 1, -1: 1}
+
+
+async def test_read_needs_a_consumer_name(client: redis.asyncio.Redis, name: str) -> None:
+    with pytest.raises(ConfigError, match="consumer name"):
+        await queue(client, name, consumer=None).read(1, timeout_s=0)
+
+
+async def test_rejects_decoding_client(redis_url: str, name: str) -> None:
+    c = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    with pytest.raises(ConfigError, match="decode_responses"):
+        TrajectoryQueue(c, name)
+    await c.aclose()
+
+
+async def test_producer_gives_up_on_unreachable_redis(name: str) -> None:
+    c = make_client("unix:///nonexistent/agentrl/redis.sock")
+    q = TrajectoryQueue(c, name, retry=RetryPolicy(attempts=3, base_delay_s=0.001))
+    with pytest.raises(QueueError, match="failed 3 times"):
+        await q.put([make_trajectory()])
+    await c.aclose()
+
+
+async def test_entry_deleted_behind_the_queues_back_is_surfaced(client: redis.asyncio.Redis, name: str) -> None:
+    sent = [make_trajectory(tag=str(i)) for i in range(3)]
+    ids = await queue(client, name).put(sent)
+    await queue(client, name, consumer="a").read(3, timeout_s=1)
+    await client.xdel(name, ids[0])  # someone trimmed the stream by hand
+    await asyncio.sleep(0.02)
+    got = await queue(client, name, consumer="b").reclaim(0.01, 10)
+    assert [e.trajectory for e in got] == sent[1:]
+    dead = await client.xrange(f"{name}:dead")
+    assert [(f[b"id"].decode(), f[b"error"].decode()) for _, f in dead] == [
+        (ids[0], "the entry was deleted from the stream before it was acknowledged")]
+    restarted = queue(client, name, consumer="b")
+    assert [e.entry_id for e in await restarted.read(10, timeout_s=0)] == ids[1:]  # own pending, nothing else

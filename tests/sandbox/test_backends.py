@@ -1,0 +1,96 @@
+"""What is particular to each backend: set-up errors, rlimit-only mode, session caps and idle expiry, warm
+sandboxes that die while idle, containers that misbehave."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psutil
+import pytest
+from sandbox_support import require_docker
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunStatus
+from agentrl.sandbox.local import LocalSandbox
+
+
+def test_missing_bubblewrap_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
+        LocalSandbox()
+
+
+async def test_rlimits_alone_still_bound_memory_time_and_files() -> None:
+    async with LocalSandbox(use_cgroups=False, max_concurrency=2) as sb:
+        assert sb.leftover_cgroups() == []
+        small = Limits(time_s=5, memory_mb=128, file_size_mb=2)
+        r = await sb.run(RunRequest(code="b = bytearray(300 << 20)\nprint('escaped')", limits=small))
+        assert r.status is RequestStatus.FAILED and "MemoryError" in r.stderr, r
+        r = await sb.run(RunRequest(code="open('/tmp/f', 'wb').write(b'x' * (3 << 20))", limits=small))
+        assert r.status is RequestStatus.FAILED, r
+        r = await sb.run(RunRequest(code="while True: pass", limits=Limits(time_s=1)))
+        assert r.run_status is RunStatus.TIME_LIMIT_EXCEEDED
+        assert (await sb.run(RunRequest(code="print(2 ** 10)"))).stdout == "1024\n"
+
+
+async def test_session_cap_and_idle_expiry() -> None:
+    async with LocalSandbox(max_concurrency=1, max_sessions=1, session_wait_s=0.3, session_idle_s=0.5) as sb:
+        s = await sb.session()
+        with pytest.raises(SandboxError, match="sessions stayed in use"):
+            await sb.session()
+        await asyncio.sleep(1.0)  # idle past session_idle_s: closed, and its slot is free again
+        r = await s.run("print(1)")
+        assert r.is_sandbox_error and "idle" in r.message
+        s2 = await sb.session()
+        assert (await s2.run("print(2)")).stdout == "2\n"
+        await s2.aclose()
+
+
+async def test_warm_sandboxes_killed_while_idle_are_replaced() -> None:
+    async with LocalSandbox(max_concurrency=2, pool_size=2) as sb:
+        assert (await sb.run(RunRequest(code="print(1)"))).stdout == "1\n"
+        await asyncio.sleep(0.3)  # the pool refills
+        pids = {int(p) for d in sb.leftover_cgroups() for p in (d / "cgroup.procs").read_text().split()}
+        assert pids, "expected warm sandboxes in this sandbox's cgroups"
+        for pid in pids:  # this sandbox's warm processes only (others may run in this test session)
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        r = await sb.run(RunRequest(code="print('replaced')"))
+        assert (r.status, r.stdout) == (RequestStatus.SUCCESS, "replaced\n"), r
+
+
+async def test_docker_without_an_engine_is_a_sandbox_error() -> None:
+    from agentrl.sandbox.docker import DockerSandbox
+
+    sb = DockerSandbox(base_url="unix:///nonexistent/docker.sock")
+    r = await sb.run(RunRequest(code="print(1)"))
+    assert r.is_sandbox_error and "ensure_docker.sh" in r.message
+    with pytest.raises(SandboxError, match="no Docker engine"):
+        await sb.session()
+    await sb.aclose()
+
+
+@pytest.mark.docker
+async def test_a_misbehaving_container_is_replaced() -> None:
+    require_docker()
+    import docker
+    from agentrl.sandbox.docker import DockerSandbox
+
+    client = docker.from_env()
+    try:
+        async with DockerSandbox(max_concurrency=1, pool_size=1) as sb:
+            code = "import socket\nprint(socket.gethostname(), flush=True)\nwhile True: pass"
+            r = await sb.run(RunRequest(code=code, limits=Limits(time_s=1)))
+            assert r.run_status is RunStatus.TIME_LIMIT_EXCEEDED
+            timed_out = r.stdout.strip()
+            r = await sb.run(RunRequest(code="import socket\nprint(socket.gethostname())"))
+            assert r.status is RequestStatus.SUCCESS and r.stdout.strip() != timed_out
+            for _ in range(100):
+                if not client.api.containers(all=True, quiet=True, filters={"id": timed_out}):
+                    break
+                await asyncio.sleep(0.1)
+            assert client.api.containers(all=True, quiet=True, filters={"id": timed_out}) == []
+    finally:
+        client.close()

@@ -1,0 +1,133 @@
+"""The walking skeleton end to end, all real: `agentrl demo --smoke` starts embedded Redis, an SGLang server on
+CPU (tiny model), the trainer process (cold-start SFT, then GRPO with FSDP2) and the local sandbox; two RL steps;
+SGLang serves version 2 at the end; every process is stopped, also on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+
+AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+
+
+def _alive(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if text in cmd and p.pid != os.getpid():
+            found.append(f"{p.pid}: {cmd[:200]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    proc = subprocess.run(
+        [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=smoke", "engine.record_requests=true"],
+        capture_output=True, text=True, timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return runs / "smoke"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_summary_and_run_directory(smoke_run: Path):
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert summary["engine"] == "sglang"
+    assert summary["steps"] == 2 and summary["final_weight_version"] == 2
+    assert summary["served_weight_version"] == 2, "SGLang must serve the last version at the end"
+    assert summary["trajectories_consumed"] == 16 == summary["trajectories_produced"]
+    for key in ("trajectories_dropped_stale", "wall_time_s", "reward_first", "reward_last"):
+        assert key in summary
+    metrics = _jsonl(smoke_run / "metrics.jsonl")
+    assert [m["weight_version"] for m in metrics] == [1, 2]
+    for m in metrics:
+        for key in ("step", "reward_mean", "num_trajectories", "tokens", "staleness_mean", "staleness_max", "time_s"):
+            assert key in m, key
+    for v in (0, 1, 2):
+        assert (smoke_run / "weights" / f"v{v}" / "config.json").exists()
+        assert list((smoke_run / "weights" / f"v{v}").glob("*.safetensors"))
+    assert (smoke_run / "config.yaml").exists() and list((smoke_run / "checkpoints").iterdir())
+    assert (smoke_run / "logs" / "sglang.log").exists() and (smoke_run / "logs" / "trainer.log").exists()
+
+
+def test_every_process_was_stopped(smoke_run: Path):
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert not _alive(summary["engine_url"])
+    assert _processes_mentioning(str(smoke_run)) == []
+
+
+def test_trajectories_hold_exactly_what_sglang_saw_and_returned(smoke_run: Path):
+    trajectories = _jsonl(smoke_run / "rollouts.jsonl")
+    calls: dict[str, list[dict]] = {}
+    for rec in _jsonl(smoke_run / "engine_requests.jsonl"):
+        calls.setdefault(rec["key"], []).append(rec)
+    assert len(trajectories) == 16
+    with_tools = 0
+    for t in trajectories:
+        ids, mask, lps = t["token_ids"], t["loss_mask"], t["behavior_logprobs"]
+        mine = calls[t["trajectory_id"]]
+        for c in mine:  # every request was a prefix of the final sequence, and its answer followed it
+            n = len(c["input_ids"])
+            assert ids[:n] == c["input_ids"]
+            assert ids[n:n + len(c["output_ids"])] == c["output_ids"]
+            assert mask[n:n + len(c["output_ids"])] == [1] * len(c["output_ids"])
+            assert lps[n:n + len(c["output_ids"])] == pytest.approx(c["logprobs"], abs=1e-6)
+        assert sum(mask) == sum(len(c["output_ids"]) for c in mine)
+        assert mask[: t["prompt_len"]] == [0] * t["prompt_len"]
+        obs = [i for i in range(t["prompt_len"], len(ids)) if mask[i] == 0]
+        assert all(t["weight_versions"][i] == -1 for i in obs)
+        if t["turns"] and t["turns"][0][6]:  # tool results of the first turn
+            with_tools += 1
+            assert obs, "a tool call must add observation tokens with loss mask 0"
+    assert with_tools > 0, "after cold-start SFT the tiny model should write <code> at least once"
+
+
+def test_second_step_was_generated_by_v1(smoke_run: Path):
+    trajectories = _jsonl(smoke_run / "rollouts.jsonl")
+    versions = [sorted({v for v, m in zip(t["weight_versions"], t["loss_mask"]) if m}) for t in trajectories]
+    assert versions[:8] == [[0]] * 8 and versions[8:] == [[1]] * 8  # η = 0: strictly alternating
+
+
+def test_ctrl_c_stops_every_process(tmp_path: Path):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=interrupted", "sft.enabled=false",
+                             "steps=50"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = runs / "interrupted"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (run_dir / "rollouts.jsonl").exists():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(1)
+    assert (run_dir / "rollouts.jsonl").exists(), "the run never started producing rollouts"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted" in out
+    time.sleep(1)
+    assert _processes_mentioning(str(run_dir)) == []
+    urls = [w for line in out.splitlines() if "starting sglang on" in line for w in line.split() if w.startswith("http")]
+    assert urls, "the SGLang server was started and its URL logged"
+    assert not _alive(urls[0])

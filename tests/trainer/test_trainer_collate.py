@@ -1,0 +1,145 @@
+"""Collate: next-token shift, staleness, drops, advantages, token budget, packing, rank split."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainer_helpers import make_traj, random_batch
+
+from agentrl.trainer import LossConfig, Trace, plan_micro_batches, prepare_rl, prepare_sft
+from agentrl.types import FinishReason
+
+
+def scored(mbs):
+    """(sample, context-last-token, target, behaviour logprob, advantage, weight) for every live token."""
+    out = []
+    for mb in mbs:
+        flat_ids = mb.input_ids.reshape(-1)
+        for i in range(mb.targets.numel()):
+            if mb.weights[i] != 0:
+                out.append(
+                    (
+                        int(mb.seq_index[i]),
+                        int(flat_ids[mb.score_index[i]]),
+                        int(mb.targets[i]),
+                        round(float(mb.behavior_logprobs[i]), 5),
+                        round(float(mb.advantages[i]), 5),
+                        round(float(mb.weights[i]), 7),
+                    )
+                )
+    return sorted(out)
+
+
+def test_shift_aligns_targets_context_and_behaviour_logprobs() -> None:
+    ids = [50, 51, 52, 53, 54, 55, 56, 57]
+    mask = [0, 0, 1, 1, 0, 0, 1, 0]  # prompt 50 51 | model 52 53 | observation 54 55 | model 56 | tail 57
+    behav = [0.0, 0.0, -0.2, -0.3, 0.0, 0.0, -0.6, 0.0]
+    prep = prepare_rl([make_traj(ids, 2, mask, behav=behav)], current_version=0, cfg=LossConfig())
+    (s,) = prep.samples
+    assert s.input_ids.tolist() == [50, 51, 52, 53, 54, 55]  # nothing after the last scored token is fed
+    assert s.targets.tolist() == [52, 53, 56]
+    assert s.score_pos.tolist() == [1, 2, 5]  # token t is predicted at position t - 1
+    assert s.input_ids[s.score_pos].tolist() == [51, 52, 55]
+    torch.testing.assert_close(s.behavior_logprobs, torch.tensor([-0.2, -0.3, -0.6]))
+    (mb,) = plan_micro_batches(prep.samples, mode="token_mean", token_budget=64, layout="packed")
+    assert scored([mb]) == [
+        (0, 51, 52, -0.2, 0.0, 0.3333333),
+        (0, 52, 53, -0.3, 0.0, 0.3333333),
+        (0, 55, 56, -0.6, 0.0, 0.3333333),
+    ]
+
+
+def test_staleness_is_current_minus_oldest_model_token_version() -> None:
+    t = make_traj([1, 2, 3, 4, 5, 6], 2, [0, 0, 1, 1, 0, 1], versions=[-1, -1, 3, 4, -1, 5])
+    prep = prepare_rl([t], current_version=7, cfg=LossConfig())
+    assert prep.samples[0].staleness == 4 and prep.staleness_max == 4
+
+
+@pytest.mark.parametrize("policy", ["drop", "downweight"])
+def test_stale_samples_dropped_or_downweighted_and_counted(policy: str) -> None:
+    trajs = [
+        make_traj([1, 2, 3, 4], 1, [0, 1, 1, 1], versions=[-1, v, v, v], reward=float(v), tid=str(v))
+        for v in (10, 9, 7, 5)
+    ]
+    cfg = LossConfig(max_staleness=2, stale_policy=policy, stale_decay=0.5, loss_agg="seq_mean_token_sum")
+    prep = prepare_rl(trajs, current_version=10, cfg=cfg)
+    if policy == "drop":
+        assert (prep.dropped_stale, prep.downweighted_stale) == (2, 0)
+        assert [s.staleness for s in prep.samples] == [0, 1]
+    else:
+        assert (prep.dropped_stale, prep.downweighted_stale) == (0, 2)
+        assert [s.weight for s in prep.samples] == [1.0, 1.0, 0.5, 0.5**3]
+        (mb,) = plan_micro_batches(prep.samples, mode=cfg.loss_agg, token_budget=64, layout="padded")
+        per_sample = {int(i): float(mb.weights[mb.seq_index == i][0]) for i in mb.seq_index.unique()}
+        assert per_sample == pytest.approx({0: 0.25, 1: 0.25, 2: 0.125, 3: 0.25 * 0.125})
+    # advantages were computed over the whole group, stale members included
+    assert prep.samples[0].advantage == pytest.approx(
+        (10 - 7.75) / torch.tensor([10.0, 9, 7, 5]).std().item(), rel=1e-5
+    )
+
+
+def test_error_trajectories_are_never_trained_on() -> None:
+    ok = make_traj([1, 2, 3], 1, [0, 1, 1], reward=1.0)
+    bad = make_traj([1, 2, 3], 1, [0, 1, 1], reward=0.0, finish=FinishReason.ERROR)
+    prep = prepare_rl([ok, bad], current_version=0, cfg=LossConfig())
+    assert prep.dropped_invalid == 1 and len(prep.samples) == 1
+    assert prep.samples[0].advantage == 0.0  # the error sample is no part of the group baseline
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_budget_respected_and_layouts_score_the_same_tokens(layout: str) -> None:
+    prep = prepare_rl(
+        random_batch(3, n=16), current_version=0, cfg=LossConfig(loss_agg="seq_mean_token_mean")
+    )
+    mbs = plan_micro_batches(prep.samples, mode="seq_mean_token_mean", token_budget=64, layout=layout)
+    assert len(mbs) > 2
+    longest = max(s.length for s in prep.samples)
+    for mb in mbs:
+        assert mb.input_ids.numel() <= max(64, longest)
+        assert (mb.attention_mask is None) == (layout == "packed" or mb.num_tokens == mb.input_ids.numel())
+    reference = plan_micro_batches(
+        prep.samples, mode="seq_mean_token_mean", token_budget=10_000, layout="padded"
+    )
+    assert scored(mbs) == scored(reference)
+    assert sum(float(mb.weights.sum()) for mb in mbs) == pytest.approx(1.0)
+
+
+def test_packed_rows_restart_positions_per_sequence() -> None:
+    trajs = [make_traj(list(range(100, 100 + n)), 1, [0] + [1] * (n - 1), tid=str(n)) for n in (9, 4, 3, 2)]
+    prep = prepare_rl(trajs, current_version=0, cfg=LossConfig())
+    (mb,) = plan_micro_batches(prep.samples, mode="token_mean", token_budget=64, layout="packed")
+    assert mb.input_ids.shape == (2, 8)  # rows as long as the longest input (8): [8], [3 + 2 + 1 + pad 2]
+    assert mb.position_ids[0].tolist() == list(range(8))
+    assert mb.position_ids[1].tolist() == [0, 1, 2, 0, 1, 0, 0, 1]  # the tail padding is a segment of its own
+    assert mb.input_ids[1, :6].tolist() == [100, 101, 102, 100, 101, 100]
+    assert mb.num_tokens == 8 + 3 + 2 + 1 and mb.attention_mask is None
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_get_equal_micro_batch_counts_and_cover_the_batch(world: int) -> None:
+    prep = prepare_rl(random_batch(5, n=7), current_version=0, cfg=LossConfig())
+    per_rank = [
+        plan_micro_batches(
+            prep.samples, mode="token_mean", token_budget=40, layout="packed", rank=r, world_size=world
+        )
+        for r in range(world)
+    ]
+    assert len({len(p) for p in per_rank}) == 1
+    seen = sorted(int(i) for p in per_rank for mb in p for i in mb.seq_index.unique() if i >= 0)
+    assert seen == list(range(len(prep.samples)))
+    assert sum(float(mb.weights.sum()) for p in per_rank for mb in p) == pytest.approx(1.0)
+    single = plan_micro_batches(prep.samples, mode="token_mean", token_budget=40, layout="packed")
+    assert sorted(x for p in per_rank for x in scored(p)) == scored(single)
+
+
+def test_world_larger_than_batch_gives_dummies() -> None:
+    prep = prepare_rl([make_traj([1, 2, 3], 1, [0, 1, 1])], current_version=0, cfg=LossConfig())
+    (mb,) = plan_micro_batches(
+        prep.samples, mode="token_mean", token_budget=40, layout="packed", rank=1, world_size=2
+    )
+    assert mb.is_dummy and float(mb.weights.sum()) == 0.0
+
+
+def test_sft_traces_skip_sequences_with_nothing_to_learn() -> None:
+    prep = prepare_sft([Trace([1, 2, 3], [0, 0, 0]), Trace([4, 5, 6], [0, 1, 1]), Trace([7], [1])])
+    assert [s.source for s in prep.samples] == [1] and prep.model_tokens == 2

@@ -1,0 +1,209 @@
+"""The Trainer on the real tiny model, in this process (FSDP2 over gloo, world size 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_helpers import make_traj, random_batch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentrl.trainer import Trace, Trainer, latest_checkpoint
+from agentrl.types import FinishReason
+
+
+def hf_logprobs(model, token_ids: list[int], loss_mask: list[int]) -> torch.Tensor:
+    """Plain HF: full logits, log_softmax, logprob of token t from position t - 1, 0 where unscored."""
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)[:-1].gather(-1, torch.tensor(token_ids[1:])[:, None]).squeeze(-1)
+    out = torch.zeros(len(token_ids))
+    mask = torch.tensor(loss_mask[1:], dtype=torch.bool)
+    out[1:][mask] = lp[mask]
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_tiny(tiny_model_path: Path):
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_logprobs_match_plain_hf_forward(tiny_config, hf_tiny, layout: str) -> None:
+    batch = random_batch(7, n=9)
+    with Trainer(tiny_config(layout=layout, micro_batch_tokens=48)) as tr:
+        got = tr.logprobs(batch)
+    for traj, lp in zip(batch, got):
+        torch.testing.assert_close(
+            lp, hf_logprobs(hf_tiny, traj.token_ids, traj.loss_mask), atol=2e-5, rtol=0
+        )
+        assert lp[torch.tensor(traj.loss_mask) == 0].abs().sum() == 0
+
+
+def _group(trainer: Trainer) -> list:
+    prompt = [100, 200, 300, 400]
+    good = make_traj(prompt + [11, 12, 13, 14], 4, [0] * 4 + [1] * 4, reward=1.0, group="p", tid="good")
+    bad = make_traj(prompt + [21, 22, 23, 24], 4, [0] * 4 + [1] * 4, reward=0.0, group="p", tid="bad")
+    on_policy = trainer.logprobs([good, bad])  # behaviour = current policy
+    return [
+        make_traj(
+            t.token_ids, 4, t.loss_mask, reward=t.reward, group="p", tid=t.trajectory_id, behav=lp.tolist()
+        )
+        for t, lp in zip([good, bad], on_policy)
+    ]
+
+
+@pytest.mark.parametrize("correction", ["none", "decoupled", "tis", "icepop"])
+def test_rl_step_raises_rewarded_answer_and_lowers_the_other(tiny_config, correction: str) -> None:
+    with Trainer(tiny_config(lr=3e-3, loss={"correction": correction})) as tr:
+        batch = _group(tr)
+        before = [float(x.sum()) for x in tr.logprobs(batch)]
+        m = tr.rl_step(batch, current_version=0)
+        for v in range(1, 3):
+            tr.rl_step(batch, current_version=v)
+        after = [float(x.sum()) for x in tr.logprobs(batch)]
+    assert after[0] > before[0] + 0.05 and after[1] < before[1] - 0.05, (before, after)
+    assert (m.step, m.weight_version, m.num_trajectories, m.model_tokens, m.tokens) == (1, 1, 2, 8, 16)
+    assert m.is_weight_mean == pytest.approx(1.0, abs=1e-4) and m.masked_frac == 0.0 and not m.skipped
+    assert m.grad_norm > 0 and m.entropy > 5 and m.kl is None and m.reward_mean == 0.5
+
+
+def test_observation_tokens_and_their_fields_contribute_nothing(tiny_config) -> None:
+    batch = random_batch(11, n=8)
+    garbage = [
+        make_traj(
+            t.token_ids,
+            t.prompt_len,
+            t.loss_mask,
+            reward=t.reward,
+            group=t.group_id,
+            tid=t.trajectory_id,
+            behav=[b if m else 1e6 for b, m in zip(t.behavior_logprobs, t.loss_mask)],
+            versions=[v if m else 10**6 for v, m in zip(t.weight_versions, t.loss_mask)],
+        )
+        for t in batch
+    ]
+    results = []
+    for b in (batch, garbage):
+        with Trainer(tiny_config(lr=1e-2, loss={"correction": "tis"})) as tr:
+            m = tr.rl_step(b, current_version=0)
+            results.append((m.loss, m.grad_norm, tr.logprobs(random_batch(1))))
+    assert results[0][0] == results[1][0] and results[0][1] == results[1][1]
+    for x, y in zip(results[0][2], results[1][2]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_sft_step_first_loss_is_masked_nll_and_training_lowers_it(tiny_config, hf_tiny) -> None:
+    trajs = random_batch(4, n=6)
+    traces = [Trace(t.token_ids, t.loss_mask) for t in trajs]
+    lp = [hf_logprobs(hf_tiny, t.token_ids, t.loss_mask) for t in traces]
+    expected = -sum(float(x.sum()) for x in lp) / sum(sum(t.loss_mask[1:]) for t in traces)
+    with Trainer(tiny_config(lr=1e-2, micro_batch_tokens=32)) as tr:
+        losses = [tr.sft_step(traces) for _ in range(6)]
+    assert losses[0].loss == pytest.approx(expected, rel=1e-5)
+    assert losses[-1].loss < losses[0].loss - 0.5
+    assert losses[0].num_sequences == 6 and losses[0].model_tokens == sum(
+        sum(t.loss_mask[1:]) for t in traces
+    )
+
+
+def test_export_hf_is_loadable_with_identical_logits(
+    tiny_config, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    batch = random_batch(2, n=6)
+    out = tmp_path / "weights" / "v1"
+    with Trainer(tiny_config(lr=1e-2)) as tr:
+        tr.rl_step(batch, current_version=0)
+        tr.export_hf(out)
+        tr.export_hf(out)  # publishing the same version twice replaces the folder atomically
+        mine = tr.logprobs(batch)
+    names = sorted(p.name for p in (tmp_path / "weights").iterdir())
+    assert names == ["v1"], names
+    files = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= files
+    assert "chat_template.jinja" in files
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert AutoTokenizer.from_pretrained(str(out)).chat_template is not None
+    original = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32)
+    assert not torch.equal(model.model.embed_tokens.weight, original.model.embed_tokens.weight)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    for t, lp in zip(batch, mine):
+        torch.testing.assert_close(hf_logprobs(model, t.token_ids, t.loss_mask), lp, atol=2e-5, rtol=0)
+
+
+def test_activation_checkpointing_changes_nothing_but_memory(tiny_config) -> None:
+    batch = random_batch(3)
+    runs = []
+    for ac in (False, True):
+        with Trainer(tiny_config(lr=1e-2, activation_checkpointing=ac)) as tr:
+            m = tr.rl_step(batch, current_version=0)
+            runs.append((m.loss, m.grad_norm, tr.logprobs(batch)))
+    assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-7)
+    assert runs[0][1] == pytest.approx(runs[1][1], rel=1e-5)
+    for x, y in zip(runs[0][2], runs[1][2]):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
+
+
+def test_bf16_mixed_precision_tracks_fp32(tiny_config) -> None:
+    batch = random_batch(3)
+    with Trainer(tiny_config(dtype="bf16")) as tr:
+        lp16 = tr.logprobs(batch)
+        m = tr.rl_step(batch, current_version=0)
+    with Trainer(tiny_config()) as tr:
+        lp32 = tr.logprobs(batch)
+    assert m.grad_norm > 0 and m.loss == m.loss
+    for a, b in zip(lp16, lp32):
+        torch.testing.assert_close(a, b, atol=0.1, rtol=0)
+
+
+def test_kl_to_reference_starts_at_zero_and_grows(tiny_config) -> None:
+    batch = random_batch(5)
+    with Trainer(tiny_config(lr=1e-2, loss={"kl_coef": 0.1, "kl_estimator": "k3"})) as tr:
+        first = tr.rl_step(batch, current_version=0)
+        tr.rl_step(batch, current_version=1)
+        third = tr.rl_step(batch, current_version=2)
+    assert first.kl == pytest.approx(0.0, abs=1e-9)
+    assert third.kl is not None and third.kl > 1e-6
+
+
+def test_stale_and_error_trajectories_counted(tiny_config) -> None:
+    batch = random_batch(6, n=8, version=0)  # staleness 5 at version 5
+    fresh = random_batch(7, n=4, version=5)  # versions 4 and 5: staleness 0 or 1
+    failed = make_traj([1, 2, 3], 1, [0, 1, 1], finish=FinishReason.ERROR)
+    with Trainer(tiny_config(loss={"max_staleness": 1})) as tr:
+        m = tr.rl_step(batch + fresh + [failed], current_version=5)
+        empty = tr.rl_step(batch, current_version=6)
+    assert (m.dropped_stale, m.dropped_invalid, m.num_trajectories, m.staleness_max) == (8, 1, 4, 1)
+    assert m.tokens == sum(t.num_tokens for t in fresh)
+    assert empty.skipped and empty.num_trajectories == 0 and empty.weight_version == 7
+
+
+def test_mini_batches_make_several_optimizer_updates(tiny_config) -> None:
+    cfg = tiny_config(lr=1e-3, mini_batches=2, optimizer={"warmup_steps": 10})
+    with Trainer(cfg) as tr:
+        m = tr.rl_step(random_batch(8), current_version=0)
+    assert m.lr == pytest.approx(1e-3 * 3 / 11)  # two updates done: the next one is update 2
+
+
+def test_checkpoint_round_trip_in_process(tiny_config, tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    (root / ".step_9.partial").mkdir(parents=True)  # what a kill during save leaves behind
+    (root / "step_8").mkdir()  # incomplete: no trainer_state.json
+    with Trainer(tiny_config(lr=1e-2)) as tr:
+        for v in range(2):
+            tr.rl_step(random_batch(v), current_version=v)
+        tr.save_checkpoint(root / "step_2", extra={"queue": {"last_id": "17-3"}, "n": 5})
+        expected = tr.logprobs(random_batch(9))
+    assert latest_checkpoint(root) == root / "step_2"
+    assert not (root / ".step_2.partial").exists()
+    state = json.loads((root / "step_2" / "trainer_state.json").read_text())
+    assert (state["step"], state["weight_version"]) == (2, 2)
+    with Trainer(tiny_config(lr=1e-2)) as tr:
+        extra = tr.load_checkpoint(root / "step_2")
+        got = tr.logprobs(random_batch(9))
+        assert (tr.step, tr.weight_version) == (2, 2)
+    assert extra == {"queue": {"last_id": "17-3"}, "n": 5}
+    for x, y in zip(expected, got):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
