@@ -1,0 +1,41 @@
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.launcher import recipes
+from agentrl.launcher.config import load_config, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_overrides_nest_and_parse_yaml_scalars():
+    assert parse_overrides(["rollout.n_samples=4", "model=tiny", "sft.enabled=false", "x.y.z=1.5"]) == {
+        "rollout": {"n_samples": 4}, "model": "tiny", "sft": {"enabled": False}, "x": {"y": {"z": 1.5}}}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["nonsense"])
+
+
+@pytest.mark.parametrize("recipe", [recipes.SMOKE, recipes.DEMO])
+def test_embedded_recipes_validate(recipe):
+    cfg = load_config(None, ["name=x"], base=recipe)
+    assert cfg.name == "x" and cfg.steps >= 1
+
+
+def test_example_configs_validate():
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        load_config(path)
+
+
+def test_bad_configs_say_what_is_wrong(tmp_path):
+    with pytest.raises(ConfigError, match="n_samples"):
+        load_config(None, ["rollout.n_samples=0"])
+    with pytest.raises(ConfigError, match="bogus"):
+        load_config(None, ["bogus=1"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="trainer"):
+        load_config(None, ["trainer.loss.correction=magic"])
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "list.yaml")
