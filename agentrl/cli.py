@@ -71,5 +71,15 @@ def _mount_sandbox() -> None:
 _mount_sandbox()
 
 
+def _mount_eval_api() -> None:
+    from agentrl.api.cli import eval_command, serve
+
+    app.command("serve")(serve)
+    app.command("eval")(eval_command)
+
+
+_mount_eval_api()
+
+
 if __name__ == "__main__":
     app()

@@ -1,8 +1,21 @@
-"""Inference engines: SGLang servers and their HTTP client."""
+"""Inference engines: SGLang servers, their HTTP client, and a pool of servers with sticky routing."""
 
-from agentrl.engine.base import EngineFinish, GenerateResult, InferenceEngine, SamplingParams
-from agentrl.engine.client import SGLangClient
-from agentrl.engine.server import SGLangServer, SGLangServerConfig
+from agentrl.engine.base import (
+    PAUSE_MODES,
+    ControllableEngine,
+    EngineFinish,
+    EngineUnavailable,
+    GenerateResult,
+    InferenceEngine,
+    PauseMode,
+    SamplingParams,
+)
+from agentrl.engine.client import Retry, SGLangClient, Timeouts
+from agentrl.engine.pool import EnginePool, MemberState, MemberStats, PoolConfig
+from agentrl.engine.server import SGLangServer, SGLangServerConfig, pool_configs
 
-__all__ = ["EngineFinish", "GenerateResult", "InferenceEngine", "SamplingParams", "SGLangClient", "SGLangServer",
-           "SGLangServerConfig"]
+__all__ = [
+    "PAUSE_MODES", "ControllableEngine", "EngineFinish", "EnginePool", "EngineUnavailable", "GenerateResult",
+    "InferenceEngine", "MemberState", "MemberStats", "PauseMode", "PoolConfig", "Retry", "SGLangClient",
+    "SGLangServer", "SGLangServerConfig", "SamplingParams", "Timeouts", "pool_configs",
+]

@@ -5,7 +5,20 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from agentrl.errors import EngineError
+
+#: SGLang's ``/pause_generation`` modes: ``abort`` returns in-flight requests at once (finish ``abort``, partial
+#: tokens; the caller resumes them); ``retract`` moves them back to the server's waiting queue (KV recomputed
+#: after ``/continue_generation``, the request continues on the new weights); ``in_place`` freezes them with their
+#: KV cache (computed by the old weights).
+PauseMode = Literal["abort", "retract", "in_place"]
+PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
+
+
+class EngineUnavailable(EngineError):
+    """The server could not be reached or dropped the connection (it may have died): a router takes it out."""
 
 
 class EngineFinish(str, enum.Enum):
@@ -72,3 +85,14 @@ class InferenceEngine(Protocol):
     async def weight_version(self) -> int: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ControllableEngine(InferenceEngine, Protocol):
+    """An engine the rollout scheduler can interrupt for a weight update (one server or a pool of them)."""
+
+    async def pause(self, mode: PauseMode = "abort") -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def set_weight_version(self, version: int) -> None: ...

@@ -1,7 +1,11 @@
 """aiohttp client for one SGLang server's native API (``/generate`` with token ids, weight updates, control).
 
-Every call has a timeout. Only failures that cannot have had an effect are retried (connection refused, 502/503
-before the server accepted the request); the rest raise :class:`EngineError` naming the server and the call.
+Every call is bounded by ONE deadline (``Timeouts``) that covers its retries and backoff sleeps, so no call can
+outlive it. Only failures that cannot have had an effect are retried (connection refused, 502/503 before the
+server accepted the request); the rest raise :class:`EngineError` naming the server and the call
+(:class:`EngineUnavailable` when the server could not be reached or dropped the connection). A ``generate`` that
+times out or is cancelled is also aborted on the server (``/abort_request`` with its ``rid``), so no orphaned
+request keeps the server busy.
 """
 
 from __future__ import annotations
@@ -9,13 +13,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
+from agentrl.engine.base import (
+    PAUSE_MODES,
+    EngineFinish,
+    EngineUnavailable,
+    GenerateResult,
+    PauseMode,
+    SamplingParams,
+)
 from agentrl.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -37,6 +49,8 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
+    """Deadline of each kind of call, retries included."""
+
     generate_s: float = 600.0  # one generation (a long CPU generation can take minutes)
     control_s: float = 30.0  # health, version, pause/continue, abort
     update_weights_s: float = 600.0  # loading new weights from disk
@@ -53,7 +67,7 @@ def parse_version(value: Any) -> int:
 
 
 class SGLangClient:
-    """Client for one SGLang server. Implements :class:`agentrl.engine.base.InferenceEngine`."""
+    """Client for one SGLang server. Implements :class:`agentrl.engine.base.ControllableEngine`."""
 
     def __init__(
         self,
@@ -68,58 +82,91 @@ class SGLangClient:
         self.retry = retry
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._paused: PauseMode | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            # no aiohttp timeout: every call has its own asyncio deadline (aiohttp's default would cut at 300 s)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, force_close=False)
+                connector=aiohttp.TCPConnector(limit=self._max_connections, force_close=False),
+                timeout=aiohttp.ClientTimeout(total=None),
             )
         return self._session
 
     async def _call(self, method: str, path: str, *, json: Any = None, timeout_s: float) -> Any:
+        what = f"{method} {self.url}{path}"
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._attempts(method, path, what, json)
+        except TimeoutError as exc:
+            raise EngineError(f"{what} timed out after {timeout_s:g}s (retries included); is the server "
+                              "overloaded or paused?") from exc
+
+    async def _attempts(self, method: str, path: str, what: str, json: Any) -> Any:
         last: Exception | None = None
         for attempt in range(self.retry.attempts):
             try:
-                async with asyncio.timeout(timeout_s):
-                    async with self._http().request(method, self.url + path, json=json) as resp:
-                        body = await resp.read()
-                        if resp.status in RETRYABLE_STATUS:
-                            last = EngineError(f"{self.url}{path} answered {resp.status}: {body[:300]!r}")
-                        elif resp.status >= 400:
-                            raise EngineError(
-                                f"{method} {self.url}{path} failed with HTTP {resp.status}: "
-                                f"{body[:500].decode(errors='replace')}"
-                            )
-                        else:
-                            return await _decode(resp, body)
+                async with self._http().request(method, self.url + path, json=json) as resp:
+                    body = await resp.read()
+                    if resp.status in RETRYABLE_STATUS:
+                        last = EngineError(f"{what} answered {resp.status}: {body[:300]!r}")
+                    elif resp.status >= 400:
+                        raise EngineError(f"{what} failed with HTTP {resp.status}: "
+                                          f"{body[:500].decode(errors='replace')}")
+                    else:
+                        return _decode(body)
             except aiohttp.ClientConnectorError as exc:  # nothing reached the server: safe to retry
                 last = exc
-            except TimeoutError as exc:
-                raise EngineError(f"{method} {self.url}{path} timed out after {timeout_s:.0f}s") from exc
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                raise EngineUnavailable(f"{what}: the server dropped the connection ({exc!r}); did it die?") from exc
             except aiohttp.ClientError as exc:
-                raise EngineError(f"{method} {self.url}{path} failed: {exc!r}") from exc
+                raise EngineError(f"{what} failed: {exc!r}") from exc
             if attempt + 1 < self.retry.attempts:
                 await asyncio.sleep(self.retry.delay(attempt))
-        raise EngineError(f"{method} {self.url}{path} failed after {self.retry.attempts} attempts: {last!r}")
+        if isinstance(last, aiohttp.ClientConnectorError):
+            raise EngineUnavailable(f"{what}: cannot connect after {self.retry.attempts} attempts: {last!r}")
+        raise EngineError(f"{what} failed after {self.retry.attempts} attempts: {last!r}")
 
     async def generate(
         self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key: str | None = None
     ) -> GenerateResult:
         del sticky_key  # one server: nothing to route
         t0 = time.monotonic()
+        rid = uuid.uuid4().hex
         payload = {
+            "rid": rid,
             "input_ids": list(input_ids),
             "sampling_params": sampling.to_sglang(),
             "return_logprob": True,
             "logprob_start_len": -1,
         }
-        out = await self._call("POST", "/generate", json=payload, timeout_s=self.timeouts.generate_s)
+        try:
+            out = await self._call("POST", "/generate", json=payload, timeout_s=self.timeouts.generate_s)
+        except (EngineError, asyncio.CancelledError) as exc:
+            if not isinstance(exc, EngineUnavailable):
+                self._abort_in_background(rid)  # the server may still be generating it
+            raise
         return parse_generate(out, url=self.url, latency_s=time.monotonic() - t0)
 
+    def _abort_in_background(self, rid: str) -> None:
+        async def abort() -> None:
+            try:
+                await self._call("POST", "/abort_request", json={"rid": rid}, timeout_s=self.timeouts.control_s)
+            except EngineError as exc:
+                logger.debug("could not abort request %s on %s: %s", rid, self.url, exc)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def update_weights(self, path: str, version: int) -> None:
+        """Load weights from a local HF folder and report them as ``version``. Drain: the server finishes the
+        requests in flight first, unless it is paused (then at once). While paused ``in_place`` the KV cache is
+        kept (it cannot be flushed under frozen requests)."""
         out = await self._call(
             "POST", "/update_weights_from_disk",
-            json={"model_path": path, "weight_version": str(version)},
+            json={"model_path": path, "weight_version": str(version), "flush_cache": self._paused != "in_place"},
             timeout_s=self.timeouts.update_weights_s,
         )
         if not out.get("success", False):
@@ -136,18 +183,33 @@ class SGLangClient:
         info = await self._call("GET", "/get_model_info", timeout_s=self.timeouts.control_s)
         return parse_version(info.get("weight_version"))
 
-    async def health(self) -> bool:
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """True if ``/health`` answers 200 within ``timeout_s`` (default: the control timeout); never raises."""
         try:
-            await self._call("GET", "/health", timeout_s=self.timeouts.control_s)
-            return True
-        except EngineError:
+            async with asyncio.timeout(timeout_s or self.timeouts.control_s):
+                async with self._http().get(self.url + "/health") as resp:
+                    await resp.read()
+                    return resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
             return False
 
-    async def pause(self, mode: str = "abort") -> None:
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        """``/pause_generation``; new requests wait on the server until :meth:`resume` (see ``PauseMode``)."""
+        if mode not in PAUSE_MODES:
+            raise EngineError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
         await self._call("POST", "/pause_generation", json={"mode": mode}, timeout_s=self.timeouts.control_s)
+        self._paused = mode
 
     async def resume(self) -> None:
         await self._call("POST", "/continue_generation", json={}, timeout_s=self.timeouts.control_s)
+        self._paused = None
+
+    @property
+    def paused(self) -> PauseMode | None:
+        return self._paused
+
+    async def abort(self, rid: str) -> None:
+        await self._call("POST", "/abort_request", json={"rid": rid}, timeout_s=self.timeouts.control_s)
 
     async def abort_all(self) -> None:
         await self._call("POST", "/abort_request", json={"abort_all": True}, timeout_s=self.timeouts.control_s)
@@ -156,6 +218,8 @@ class SGLangClient:
         await self._call("POST", "/flush_cache", timeout_s=self.timeouts.control_s)
 
     async def aclose(self) -> None:
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self.timeouts.control_s)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -167,7 +231,7 @@ class SGLangClient:
         await self.aclose()
 
 
-async def _decode(resp: aiohttp.ClientResponse, body: bytes) -> Any:
+def _decode(body: bytes) -> Any:
     import json
 
     if not body:

@@ -41,12 +41,27 @@ class SGLangServerConfig(BaseModel):
     max_total_tokens: int | None = 16384
     context_length: int | None = None
     tp_size: int = 1
+    base_gpu_id: int | None = None  # first GPU of this server (several servers on one node); GPU only
     mem_fraction_static: float | None = None
     python: str = Field(default_factory=lambda: sys.executable)
     startup_timeout_s: float = 300.0
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     log_level: str = "warning"
+
+
+def pool_configs(base: SGLangServerConfig, num_servers: int) -> list[SGLangServerConfig]:
+    """Configs of ``num_servers`` servers like ``base``, each on its own free port and, on GPU, on its own
+    ``tp_size`` GPUs (``--base-gpu-id`` = i · tp_size)."""
+    if num_servers < 1:
+        raise EngineError(f"expected at least one server, got num_servers={num_servers}")
+    out = []
+    for i in range(num_servers):
+        update: dict[str, object] = {"port": 0 if num_servers > 1 else base.port}
+        if base.device != "cpu":
+            update["base_gpu_id"] = (base.base_gpu_id or 0) + i * base.tp_size
+        out.append(base.model_copy(update=update))
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -94,6 +109,8 @@ class SGLangServer:
             cmd += ["--max-total-tokens", str(c.max_total_tokens)]
         if c.context_length:
             cmd += ["--context-length", str(c.context_length)]
+        if c.base_gpu_id is not None and c.device != "cpu":
+            cmd += ["--base-gpu-id", str(c.base_gpu_id)]
         if c.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(c.mem_fraction_static)]
         return cmd + list(c.extra_args)
@@ -128,11 +145,14 @@ class SGLangServer:
         import urllib.error
         import urllib.request
 
+        proc = self._proc
         deadline = time.monotonic() + self.config.startup_timeout_s
         while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
+            if self._proc is not proc or proc is None:
+                raise EngineError(f"{self.name} was stopped while starting")
+            if proc.poll() is not None:
                 raise EngineError(
-                    f"{self.name} exited with code {self._proc.returncode} while starting; see {self.log_path}:\n"
+                    f"{self.name} exited with code {proc.returncode} while starting; see {self.log_path}:\n"
                     + self.log_tail()
                 )
             try:
@@ -178,6 +198,16 @@ class SGLangServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    def restart(self) -> SGLangServer:
+        """Stop whatever is left of the process group, then start again on the same port (same URL)."""
+        self.stop(timeout_s=5.0)
+        return self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group without cleanup, as a crash would (for fault-tolerance tests)."""
+        if self._proc is not None:
+            _signal_group(self._proc.pid, signal.SIGKILL)
 
     def __enter__(self) -> SGLangServer:
         return self.start()

@@ -139,7 +139,8 @@ def prepare_rl(trajectories: Sequence[Trajectory], *, current_version: int, cfg:
     Advantages use every valid trajectory of a group (stale ones too: their rewards are still unbiased
     baseline information); stale trajectories are then dropped or down-weighted by ``cfg.stale_policy``.
     """
-    valid = [t for t in trajectories if t.finish_reason != FinishReason.ERROR]
+    indexed = [(i, t) for i, t in enumerate(trajectories) if t.finish_reason != FinishReason.ERROR]
+    valid = [t for _, t in indexed]
     if not valid:
         return PreparedBatch(samples=(), num_received=len(trajectories), dropped_invalid=len(trajectories))
     group_of: dict[str, int] = {}
@@ -157,8 +158,7 @@ def prepare_rl(trajectories: Sequence[Trajectory], *, current_version: int, cfg:
     samples: list[SeqSample] = []
     kept: list[Trajectory] = []
     dropped = downweighted = 0
-    source_of = {id(t): i for i, t in enumerate(trajectories)}
-    for traj, a in zip(valid, adv):
+    for (src, traj), a in zip(indexed, adv):
         stale = staleness_of(traj, current_version)
         weight = 1.0
         if cfg.max_staleness is not None and stale > cfg.max_staleness:
@@ -169,7 +169,7 @@ def prepare_rl(trajectories: Sequence[Trajectory], *, current_version: int, cfg:
             weight = cfg.stale_decay ** (stale - cfg.max_staleness)
         s = _make_sample(
             len(samples),
-            source_of[id(traj)],
+            src,
             traj.token_ids,
             traj.loss_mask,
             traj.behavior_logprobs,

@@ -67,9 +67,9 @@ class LossConfig(_Strict):
     - ``tis``: ``min(w, tis_cap) * pg`` (truncated importance sampling).
     - ``icepop``: ``w * pg`` where ``icepop_low <= w <= icepop_high``, masked elsewhere.
 
-    ``proximal``: ``recompute`` runs a no-grad forward pass before the update (AReaL's recomputed proximal
-    policy); ``current`` uses the current logprobs, detached (no extra pass; identical to ``recompute`` when
-    there is one optimiser update per RL step).
+    ``proximal``: ``recompute`` runs a no-grad forward pass before the first update (AReaL's recomputed
+    proximal policy); ``current`` uses the current logprobs, detached. With one optimiser update per RL step
+    (``mini_batches: 1``) the two are the same policy, and no extra pass is run.
     """
 
     advantage: Advantage = "grpo"

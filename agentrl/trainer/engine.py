@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from agentrl.errors import TrainerError
 from agentrl.trainer import storage
 from agentrl.trainer.base import SFTMetrics, StepMetrics, TokenTrace
 from agentrl.trainer.collate import (
@@ -51,7 +52,8 @@ LossFn = Callable[[int, MicroBatch], tuple[Tensor, TokenStats | None]]
 def broadcast_object(obj: T | None, src: int = 0) -> T:
     """Send a picklable object (e.g. the list of trajectories read by rank 0) to every rank."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        assert obj is not None
+        if obj is None:
+            raise TrainerError("broadcast_object: the source rank passed None; it must pass the object")
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -72,18 +74,22 @@ class Trainer:
         torch.manual_seed(config.seed)
         self._dist: DistInfo = init_distributed(config.device)
         self._source = Path(config.model)
-        self._policy: ScoredLM = build_policy(
-            self._source,
-            self._dist,
-            dtype=config.dtype,
-            trainable=True,
-            activation_checkpointing=config.activation_checkpointing,
-        )
-        self._ref: ScoredLM | None = None
-        if config.loss.kl_coef > 0:
-            self._ref = build_policy(
-                Path(config.ref_model or config.model), self._dist, dtype=config.dtype, trainable=False
+        try:
+            self._policy: ScoredLM = build_policy(
+                self._source,
+                self._dist,
+                dtype=config.dtype,
+                trainable=True,
+                activation_checkpointing=config.activation_checkpointing,
             )
+            self._ref: ScoredLM | None = None
+            if config.loss.kl_coef > 0:
+                ref_path = Path(config.ref_model or config.model)
+                self._ref = build_policy(ref_path, self._dist, dtype=config.dtype, trainable=False)
+        except BaseException:
+            if self._dist.owns_group and dist.is_initialized():
+                dist.destroy_process_group()
+            raise
         self._optimizer, self._scheduler = make_optimizer(self._policy, config.optimizer)
         text_cfg = self._policy.lm.config.get_text_config()
         self._pad_id = int(getattr(text_cfg, "pad_token_id", None) or 0)
@@ -110,9 +116,10 @@ class Trainer:
             self._plan(mini, cfg.loss_agg, cfg.token_sum_norm)
             for mini in split_mini_batches(prep.samples, self.config.mini_batches)
         ]
+        # With a single update the proximal policy IS the current one: its logprobs come with the forward.
         prox = (
             [[self._logprobs(self._policy, mb) for mb in plan] for plan in plans]
-            if cfg.needs_proximal_pass
+            if cfg.needs_proximal_pass and len(plans) > 1
             else None
         )
         ref = [[self._logprobs(self._ref, mb) for mb in plan] for plan in plans] if self._ref else None
@@ -292,9 +299,12 @@ class Trainer:
                 s, m = stats.vectors()
                 sums[1:] += s.cpu()
                 maxes = torch.maximum(maxes, m.cpu())
-        if self.world_size > 1:
+        if self.world_size > 1:  # on the device: NCCL reduces GPU tensors only
+            dev = self._dist.device
+            sums, maxes = sums.to(dev), maxes.to(dev)
             dist.all_reduce(sums)
             dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+            sums, maxes = sums.cpu(), maxes.cpu()
         params = [p for p in self._policy.parameters() if p.requires_grad]
         clip = self.config.optimizer.grad_clip
         norm_t = torch.nn.utils.clip_grad_norm_(params, max_norm=clip if clip is not None else math.inf)

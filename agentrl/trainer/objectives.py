@@ -178,9 +178,10 @@ def policy_loss(
 ) -> tuple[Tensor, Tensor, TokenStats]:
     """The aggregated RL loss (to backpropagate), the per-token loss, and statistics.
 
-    ``weights`` are :func:`aggregation_weights` times per-sample weights. ``proximal_logp`` None means
-    ``cfg.proximal == "current"``: the current logprobs, detached, stand in for it. ``ref_logp`` is needed
-    when ``cfg.kl_coef > 0``; ``entropy`` (with grad) when ``cfg.entropy_coef > 0``.
+    ``weights`` are :func:`aggregation_weights` times per-sample weights. ``proximal_logp`` None: the
+    current logprobs, detached, stand in for it (``proximal: current``, or one update per step, where they
+    are the same policy). ``ref_logp`` is needed when ``cfg.kl_coef > 0``; ``entropy`` (with grad) when
+    ``cfg.entropy_coef > 0``.
     """
     live = weights != 0
     # Neutral values at masked positions, so that no inf/NaN there can reach a gradient (0 * inf = NaN).
@@ -211,20 +212,19 @@ def policy_loss(
     def total(x: Tensor) -> Tensor:
         return torch.where(live, x.detach().float(), 0.0).sum()
 
+    zero = torch.zeros((), device=logp.device)
     w_live = torch.where(live, torch.exp((prox - behavior_logp).detach().clamp(max=LOG_RATIO_CLAMP)), 0.0)
     stats = TokenStats(
         tokens=live.sum(),
         clipped=(clipped & live & keep).sum(),
         masked=(~keep & live).sum(),
         is_weight_sum=w_live.sum(),
-        kl_sum=total(kl) if kl is not None else torch.zeros(()),
-        entropy_sum=total(entropy) if entropy is not None else torch.zeros(()),
+        kl_sum=total(kl) if kl is not None else zero,
+        entropy_sum=total(entropy) if entropy is not None else zero,
         behav_kl_sum=total(behavior_logp - prox),
         pg_loss=aggregate(pg_w.detach(), weights),
-        is_weight_max=torch.where(live, w_live, -math.inf).max() if live.any() else torch.tensor(-math.inf),
-        neg_is_weight_min=-torch.where(live, w_live, math.inf).min()
-        if live.any()
-        else torch.tensor(-math.inf),
+        is_weight_max=torch.where(live, w_live, -math.inf).max() if live.any() else -math.inf + zero,
+        neg_is_weight_min=-torch.where(live, w_live, math.inf).min() if live.any() else -math.inf + zero,
     )
     return loss, token_loss, stats
 

@@ -1,0 +1,12 @@
+"""The evaluation REST service (``agentrl serve``): tasks and results in Redis, workers that resume them.
+
+    app = create_app(ApiSettings.from_env(redis_url=None, max_tasks=2))   # uvicorn.run(app, ...)
+"""
+
+from agentrl.api.app import BodyLimit, create_app
+from agentrl.api.base import TOKEN_ENV, ApiSettings, TaskLost, TaskNotFound, TaskStatus
+from agentrl.api.store import TaskRecord, TaskStore
+from agentrl.api.worker import EvalWorkers
+
+__all__ = ["ApiSettings", "BodyLimit", "EvalWorkers", "TOKEN_ENV", "TaskLost", "TaskNotFound", "TaskRecord",
+           "TaskStatus", "TaskStore", "create_app"]

@@ -1,0 +1,76 @@
+"""The evaluation service's contract: task states, its settings, its errors.
+
+A task moves ``queued → running → succeeded | failed | cancelled``; a running task whose worker went away (the
+API restarted or died) goes back to ``queued`` and is resumed from the records it already stored.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.errors import AgentRLError
+
+TOKEN_ENV = "AGENTRL_API_TOKEN"
+
+
+class TaskStatus(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+class TaskNotFound(AgentRLError, LookupError):
+    """No evaluation task has this id."""
+
+
+class TaskLost(AgentRLError):
+    """This worker no longer owns the task (cancelled, or its lease expired and another worker took it)."""
+
+
+class ApiSettings(BaseModel):
+    """Settings of ``agentrl serve`` (one process: HTTP API + workers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: str | None = Field(None, description=f"bearer token required on /v1 routes (default ${TOKEN_ENV})")
+    redis_url: str | None = Field(None, description="external Redis; default $AGENTRL_REDIS_URL, else embedded")
+    data_dir: Path = Field(Path("runs/_api"), description="embedded Redis data and server logs")
+    namespace: str = Field("{agentrl-evals}", min_length=1,
+                           description="Redis key prefix (the braces keep every key in one cluster slot)")
+    max_body_bytes: int = Field(8 << 20, ge=1024)
+    max_tasks: int = Field(2, ge=0, description="tasks this process runs at once (0: only accept and queue)")
+    max_episodes: int = Field(16, ge=1, description="episodes running at once over all tasks")
+    max_servers: int = Field(1, ge=1, description="SGLang servers the service starts at most")
+    max_inflight: int = Field(64, ge=1, description="generate calls in flight per server")
+    sandbox_backend: str = "local"
+    sandbox_options: dict[str, Any] = Field(default_factory=dict)
+    max_sandbox: int = Field(8, ge=1, description="sandboxed programs running at once")
+    verifier_workers: int = Field(1, ge=1)
+    lease_s: float = Field(30.0, gt=0, description="a task whose worker stops heartbeating is re-queued after this")
+    max_attempts: int = Field(3, ge=1, description="a task interrupted this many times fails")
+    poll_s: float = Field(0.5, gt=0, description="how often idle workers look for queued tasks")
+    runs_dir: Path = Field(Path("runs"), description="where training runs (and their weight versions) live")
+    dataset_dirs: list[Path] = Field(default_factory=lambda: [Path(".")],
+                                     description="server-side dataset files must lie under one of these")
+    sglang: dict[str, Any] = Field(default_factory=dict,
+                                   description="SGLangServerConfig fields for servers the service starts")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ApiSettings:
+        """Settings with the token from ``$AGENTRL_API_TOKEN`` unless given."""
+        env = os.environ if env is None else env
+        if overrides.get("token") is None and env.get(TOKEN_ENV):
+            overrides["token"] = env[TOKEN_ENV]
+        return cls(**overrides)

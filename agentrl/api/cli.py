@@ -1,0 +1,160 @@
+"""``agentrl serve`` (the evaluation REST API) and ``agentrl eval CONFIG.yaml`` (local, or on a server).
+
+Plain typer command functions; ``agentrl.cli`` mounts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from agentrl.api.base import TOKEN_ENV
+from agentrl.errors import AgentRLError, ConfigError
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="bind address (0.0.0.0 exposes the API to the network)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="require this bearer token on /v1")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="external Redis (default: $AGENTRL_REDIS_URL, "
+                                                       "else an embedded one in --data-dir)")] = None,
+    data_dir: Annotated[Path, typer.Option(help="embedded Redis data and SGLang logs")] = Path("runs/_api"),
+    max_tasks: Annotated[int, typer.Option(help="tasks run at once by this process (0: queue only)")] = 2,
+    max_episodes: Annotated[int, typer.Option(help="episodes at once over all tasks")] = 16,
+    max_servers: Annotated[int, typer.Option(help="SGLang servers started at most")] = 1,
+    sandbox: Annotated[str, typer.Option(help="sandbox backend: local, docker, auto")] = "local",
+    max_sandbox: Annotated[int, typer.Option(help="sandboxed programs at once")] = 8,
+    lease_s: Annotated[float, typer.Option(help="seconds before a dead worker's task is resumed elsewhere")] = 30.0,
+    runs_dir: Annotated[Path, typer.Option(help="training runs (for model run+version)")] = Path("runs"),
+    dataset_dir: Annotated[list[Path] | None, typer.Option(help="server-side datasets must be under these "
+                                                                "(repeatable; default: the working directory)")] = None,
+    max_body_mb: Annotated[float, typer.Option(help="largest request body")] = 8.0,
+    log_level: Annotated[str, typer.Option(help="uvicorn and agentrl log level")] = "info",
+) -> None:
+    """Serve the evaluation REST API (POST /v1/evals, GET /v1/evals/ID and its results, DELETE, environments)."""
+    import uvicorn
+
+    from agentrl.api.app import create_app
+    from agentrl.api.base import ApiSettings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = ApiSettings(token=token, redis_url=redis_url, data_dir=data_dir, max_tasks=max_tasks,
+                           max_episodes=max_episodes, max_servers=max_servers, sandbox_backend=sandbox,
+                           max_sandbox=max_sandbox, lease_s=lease_s, runs_dir=runs_dir,
+                           dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)))
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV}", fg=typer.colors.YELLOW, err=True)
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    except AgentRLError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+
+
+def load_spec(path: Path, overrides: list[str]) -> Any:
+    """An EvalSpec from a YAML (or JSON) file plus ``key=value`` overrides (dotted keys, YAML values)."""
+    from pydantic import ValidationError
+
+    from agentrl.eval.spec import EvalSpec
+    from agentrl.launcher.config import parse_overrides
+
+    if not path.is_file():
+        raise ConfigError(f"eval config {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = _merge(data, parse_overrides(overrides))
+    try:
+        return EvalSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid eval config {path}:\n{exc}") from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def eval_command(
+    config: Annotated[Path, typer.Argument(help="an eval spec in YAML (the body of POST /v1/evals)")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. samples_per_item=8")] = None,
+    server: Annotated[str | None, typer.Option(help="submit to this agentrl serve URL instead of running here")] = None,
+    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="bearer token of the server")] = None,
+    out: Annotated[Path | None, typer.Option(help="write every sample record (JSON lines) here")] = None,
+    wait: Annotated[bool, typer.Option(help="with --server: wait for the result")] = True,
+    sandbox: Annotated[str, typer.Option(help="local run: sandbox backend")] = "local",
+    runs_dir: Annotated[Path, typer.Option(help="local run: where training runs live")] = Path("runs"),
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
+    """Run an evaluation here (starting what it needs), or submit it to a server with --server."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        spec = load_spec(config, overrides or [])
+        if server:
+            state = _remote(spec, server, token, out, wait)
+        else:
+            state = asyncio.run(_local(spec, out, sandbox, runs_dir))
+    except AgentRLError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    typer.echo(json.dumps(state, indent=2))
+    if state.get("status") not in ("succeeded", "queued", "running"):
+        raise typer.Exit(2)
+
+
+def _remote(spec: Any, server: str, token: str | None, out: Path | None, wait: bool) -> dict[str, Any]:
+    from agentrl.client import EvalClient
+
+    with EvalClient(server, token=token) as client:
+        eval_id = client.submit(spec)
+        typer.secho(f"submitted evaluation {eval_id} to {server}", err=True)
+        if not wait:
+            return client.get(eval_id)
+
+        def show(state: dict[str, Any]) -> None:
+            p = state["progress"]
+            sys.stderr.write(f"\r{state['status']}: {p['done']}/{p['total']} samples")
+            sys.stderr.flush()
+
+        state = client.wait(eval_id, on_progress=show)
+        sys.stderr.write("\n")
+        if out is not None:
+            with open(out, "w") as f:
+                for record in client.iter_results(eval_id):
+                    f.write(json.dumps(record) + "\n")
+        return {k: state[k] for k in ("id", "status", "progress", "metrics", "error")}
+
+
+async def _local(spec: Any, out: Path | None, sandbox: str, runs_dir: Path) -> dict[str, Any]:
+    from agentrl.eval.services import EvalServices
+
+    records = open(out, "w") if out is not None else None  # noqa: SIM115 - closed below
+
+    async def write(record: Any) -> None:
+        if records is not None:
+            records.write(json.dumps(record.to_dict()) + "\n")
+            records.flush()
+        sys.stderr.write(f"\r{record.key} {record.status}")
+        sys.stderr.flush()
+
+    try:
+        async with await EvalServices.create(sandbox_backend=sandbox, runs_dir=runs_dir) as services:
+            result = await services.evaluate(spec, on_record=write, keep_records=False)
+    finally:
+        if records is not None:
+            records.close()
+        sys.stderr.write("\n")
+    return {"status": result.status, "progress": {"done": result.done, "total": result.total},
+            "metrics": result.metrics, "wall_time_s": result.wall_time_s}

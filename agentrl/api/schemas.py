@@ -1,0 +1,143 @@
+"""Response bodies of the evaluation REST API (the request body is :class:`agentrl.eval.EvalSpec`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.api.base import TaskStatus
+from agentrl.api.store import TaskRecord
+
+_METRICS_EXAMPLE = {
+    "num_items": 1, "num_samples": 4, "num_errors": 0, "mean_reward": 0.5, "accuracy": 0.5, "pass@1": 0.5,
+    "pass@4": 1.0, "mean_turns": 1.75, "mean_tool_calls": 0.75, "tool_calls": 3, "tool_errors": 1,
+    "tool_error_rate": 0.333, "mean_prompt_tokens": 96.0, "mean_response_tokens": 140.5,
+    "mean_model_tokens": 120.25, "total_tokens": 946, "total_model_tokens": 481,
+    "finish_reasons": {"stop": 3, "length": 1},
+}
+
+
+class Links(BaseModel):
+    self: str
+    results: str
+
+
+class Progress(BaseModel):
+    done: int = Field(description="samples finished (ok or error)")
+    total: int = Field(description="items x samples_per_item")
+    errors: int = Field(0, description="samples whose infrastructure failed (left out of the metrics)")
+    fraction: float = 0.0
+
+
+class EvalCreated(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "id": "3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b", "status": "queued", "progress": {"done": 0, "total": 4},
+        "links": {"self": "/v1/evals/3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b",
+                  "results": "/v1/evals/3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b/results"}}]})
+
+    id: str
+    status: TaskStatus
+    progress: Progress
+    links: Links
+
+
+class EvalState(BaseModel):
+    """A task: status, progress, metrics (partial while it runs), and the spec it was submitted with."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "id": "3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b", "name": "smoke", "status": "succeeded",
+        "progress": {"done": 4, "total": 4, "errors": 0, "fraction": 1.0}, "metrics": _METRICS_EXAMPLE,
+        "error": None, "attempts": 1, "created_at": 1767225600.0, "started_at": 1767225600.5,
+        "finished_at": 1767225612.0,
+        "links": {"self": "/v1/evals/3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b",
+                  "results": "/v1/evals/3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b/results"}}]})
+
+    id: str
+    name: str = ""
+    status: TaskStatus
+    progress: Progress
+    metrics: dict[str, Any] | None = Field(None, description="see agentrl.eval.metrics; None before any sample")
+    error: str | None = None
+    attempts: int = 0
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    links: Links
+    spec: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, t: TaskRecord, *, with_spec: bool = True) -> EvalState:
+        return cls(id=t.id, name=str(t.spec.get("name", "")), status=t.status, progress=progress(t),
+                   metrics=t.metrics, error=t.error, attempts=t.attempts, created_at=t.created_at,
+                   started_at=t.started_at, finished_at=t.finished_at, links=links(t.id),
+                   spec=t.spec if with_spec else None)
+
+
+class EvalList(BaseModel):
+    evals: list[EvalState]
+
+
+class ResultsPage(BaseModel):
+    """Per-sample records (see agentrl.eval.SampleRecord), in completion order."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "id": "3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b", "status": "running", "total": 2, "offset": 0, "limit": 100,
+        "next_offset": None, "records": [{
+            "item_index": 0, "sample_index": 0, "task_id": "item-0", "status": "ok", "reward": 1.0,
+            "correct": True, "reward_breakdown": {"correct": 1.0}, "finish_reason": "stop", "num_turns": 2,
+            "num_tool_calls": 1, "num_tool_errors": 0, "prompt_tokens": 96, "response_tokens": 60,
+            "model_tokens": 48, "duration_s": 1.9, "attempts": 1, "prompt": "What is 17 * 23 + 5?",
+            "answer": "396", "response": "<code>print(17*23+5)</code>The answer is \\boxed{396}.", "error": None,
+            "trajectory": {"trajectory_id": "…", "token_ids": [1, 2, 3], "loss_mask": [0, 0, 1]}}]}]})
+
+    id: str
+    status: TaskStatus
+    total: int = Field(description="records stored so far")
+    offset: int
+    limit: int
+    next_offset: int | None = Field(description="offset of the next page; None when this page is the last so far")
+    records: list[dict[str, Any]]
+
+
+class ToolInfo(BaseModel):
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvironmentInfo(BaseModel):
+    name: str
+    description: str = ""
+    tools: list[ToolInfo]
+    stop: list[str] = Field(default_factory=list, description="strings that end a model turn for a tool call")
+
+
+class EnvironmentList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"environments": [{
+        "name": "retool", "description": "Math with a Python code interpreter (ReTool).", "tools": [],
+        "stop": ["</code>"]}]}]})
+
+    environments: list[EnvironmentInfo]
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok, or degraded when Redis does not answer")
+    redis: bool
+    queued: int | None = None
+    running: list[str] = Field(default_factory=list, description="tasks this process runs now")
+    engines: list[dict[str, Any]] = Field(default_factory=list)
+    worker: str = ""
+
+
+class ErrorBody(BaseModel):
+    detail: Any = Field(description="a message, or a list of field errors {loc, msg, type}")
+
+
+def links(task_id: str) -> Links:
+    return Links(self=f"/v1/evals/{task_id}", results=f"/v1/evals/{task_id}/results")
+
+
+def progress(t: TaskRecord) -> Progress:
+    return Progress(done=t.done, total=t.total, errors=t.errors,
+                    fraction=round(t.done / t.total, 4) if t.total else 0.0)

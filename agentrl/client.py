@@ -1,0 +1,212 @@
+"""A small client of the evaluation REST API (``agentrl serve``), async and sync.
+
+    async with AsyncEvalClient("http://127.0.0.1:8000", token=...) as c:
+        eval_id = await c.submit(spec)                 # an agentrl.eval.EvalSpec or a plain dict
+        state = await c.wait(eval_id)                  # until succeeded | failed | cancelled
+        async for record in c.iter_results(eval_id): ...
+
+    with EvalClient("http://127.0.0.1:8000") as c:     # the same, blocking
+        print(c.wait(c.submit(spec))["metrics"])
+
+Reads (GET) are retried while the server restarts (connection refused, 502/503/504); a submission is not
+(it would queue the task twice). Errors: :class:`ApiError` with the HTTP status and the server's detail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+
+from agentrl.errors import AgentRLError
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+_RETRY_STATUS = frozenset({502, 503, 504})
+
+
+class ApiError(AgentRLError):
+    """The server answered an error (``status`` >= 400), or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, detail: Any, *, method: str = "", url: str = "") -> None:
+        super().__init__(f"{method} {url} -> {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+def _body(spec: Any) -> Any:
+    return spec.model_dump(mode="json", exclude_none=True) if hasattr(spec, "model_dump") else dict(spec)
+
+
+def _parse(resp: httpx.Response) -> Any:
+    try:
+        data = resp.json()
+    except ValueError:
+        data = resp.text
+    if resp.status_code >= 400:
+        detail = data.get("detail", data) if isinstance(data, dict) else data
+        raise ApiError(resp.status_code, detail, method=resp.request.method, url=str(resp.request.url))
+    return data
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class AsyncEvalClient:
+    """Async client; see the module docstring. ``transport`` is for tests (e.g. ``httpx.ASGITransport``)."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 5,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.retries = retries
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(token), timeout=timeout_s,
+                                       transport=transport)
+
+    async def _get(self, path: str, **params: Any) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._http.get(path, params=params or None)
+                if resp.status_code not in _RETRY_STATUS or attempt == self.retries:
+                    return _parse(resp)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise ApiError(0, f"cannot reach the server: {exc!r}", method="GET", url=path) from exc
+            await asyncio.sleep(min(5.0, 0.25 * 2**attempt))
+
+    async def submit(self, spec: Any) -> str:
+        """Queue an evaluation; returns its id."""
+        try:
+            return str(_parse(await self._http.post("/v1/evals", json=_body(spec)))["id"])
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"cannot reach the server: {exc!r}", method="POST", url="/v1/evals") from exc
+
+    async def get(self, eval_id: str) -> dict[str, Any]:
+        return dict(await self._get(f"/v1/evals/{eval_id}"))
+
+    async def results(self, eval_id: str, *, offset: int = 0, limit: int = 100,
+                      trajectories: bool = True) -> dict[str, Any]:
+        return dict(await self._get(f"/v1/evals/{eval_id}/results", offset=offset, limit=limit,
+                                    trajectories=str(trajectories).lower()))
+
+    async def iter_results(self, eval_id: str, *, page_size: int = 100,
+                           trajectories: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """Every record stored so far, page by page."""
+        offset: int | None = 0
+        while offset is not None:
+            page = await self.results(eval_id, offset=offset, limit=page_size, trajectories=trajectories)
+            for record in page["records"]:
+                yield record
+            offset = page["next_offset"]
+
+    async def cancel(self, eval_id: str) -> dict[str, Any]:
+        try:
+            return dict(_parse(await self._http.delete(f"/v1/evals/{eval_id}")))
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"cannot reach the server: {exc!r}", method="DELETE", url=eval_id) from exc
+
+    async def wait(self, eval_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
+                   on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the task is succeeded, failed or cancelled; returns its final state."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            state = await self.get(eval_id)
+            if on_progress is not None:
+                on_progress(state)
+            if state["status"] in TERMINAL:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"evaluation {eval_id} is still {state['status']} after {timeout_s}s")
+            await asyncio.sleep(poll_s)
+
+    async def environments(self) -> list[dict[str, Any]]:
+        return list((await self._get("/v1/environments"))["environments"])
+
+    async def health(self) -> dict[str, Any]:
+        return dict(await self._get("/healthz"))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncEvalClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class EvalClient:
+    """Blocking client with the same methods as :class:`AsyncEvalClient`."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 5,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.retries = retries
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=_headers(token), timeout=timeout_s,
+                                  transport=transport)
+
+    def _get(self, path: str, **params: Any) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._http.get(path, params=params or None)
+                if resp.status_code not in _RETRY_STATUS or attempt == self.retries:
+                    return _parse(resp)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise ApiError(0, f"cannot reach the server: {exc!r}", method="GET", url=path) from exc
+            time.sleep(min(5.0, 0.25 * 2**attempt))
+
+    def submit(self, spec: Any) -> str:
+        try:
+            return str(_parse(self._http.post("/v1/evals", json=_body(spec)))["id"])
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"cannot reach the server: {exc!r}", method="POST", url="/v1/evals") from exc
+
+    def get(self, eval_id: str) -> dict[str, Any]:
+        return dict(self._get(f"/v1/evals/{eval_id}"))
+
+    def results(self, eval_id: str, *, offset: int = 0, limit: int = 100, trajectories: bool = True) -> dict[str, Any]:
+        return dict(self._get(f"/v1/evals/{eval_id}/results", offset=offset, limit=limit,
+                              trajectories=str(trajectories).lower()))
+
+    def iter_results(self, eval_id: str, *, page_size: int = 100, trajectories: bool = True) -> Iterator[dict[str, Any]]:
+        offset: int | None = 0
+        while offset is not None:
+            page = self.results(eval_id, offset=offset, limit=page_size, trajectories=trajectories)
+            yield from page["records"]
+            offset = page["next_offset"]
+
+    def cancel(self, eval_id: str) -> dict[str, Any]:
+        try:
+            return dict(_parse(self._http.delete(f"/v1/evals/{eval_id}")))
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"cannot reach the server: {exc!r}", method="DELETE", url=eval_id) from exc
+
+    def wait(self, eval_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
+             on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            state = self.get(eval_id)
+            if on_progress is not None:
+                on_progress(state)
+            if state["status"] in TERMINAL:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"evaluation {eval_id} is still {state['status']} after {timeout_s}s")
+            time.sleep(poll_s)
+
+    def environments(self) -> list[dict[str, Any]]:
+        return list(self._get("/v1/environments")["environments"])
+
+    def health(self) -> dict[str, Any]:
+        return dict(self._get("/healthz"))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> EvalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,360 @@
+"""Several SGLang servers behind one engine: sticky routing, health checks, crash recovery with weight resync.
+
+    generate(ids, sticky_key=k) ──► the server k was first sent to (least busy at that moment), while it is up
+    update_weights / pause / resume / set_weight_version ──► every server that is up
+    health loop ──► a server whose process died, or that failed ``failures_to_down`` checks in a row, is taken
+                    out; if agentrl started it, it is restarted on the same port, loads the CURRENT weights
+                    (the last ``update_weights``/``set_weight_version``), is paused too if the pool is, and
+                    only then is put back (as slime does).
+
+Requests in flight on a server that dies fail with :class:`EngineError` (the rollout scheduler retries the group);
+``generate`` waits up to ``wait_for_server_s`` when no server is up (a restart takes ~20-40 s on CPU) instead of
+failing at once. All turns of one episode (all samples of one group, when the key is the group id) go to one
+server, so its prefix cache is reused.
+
+Invariant: a server is ``up`` only while it serves the pool's current weight version; membership changes and
+weight updates are serialised by one lock, so a restarted server cannot rejoin with old weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from agentrl.engine.base import EngineUnavailable, GenerateResult, PauseMode, SamplingParams
+from agentrl.engine.client import SGLangClient
+from agentrl.engine.server import SGLangServer, SGLangServerConfig
+from agentrl.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+
+class ManagedServer(Protocol):
+    """A server process the pool may restart (:class:`SGLangServer`)."""
+
+    @property
+    def url(self) -> str: ...
+    def alive(self) -> bool: ...
+    def restart(self) -> Any: ...
+    def stop(self, timeout_s: float = ...) -> None: ...
+
+
+class MemberState(str, enum.Enum):
+    UP = "up"
+    DOWN = "down"  # out of rotation; waiting to be restarted or (not ours) to answer again
+    RESTARTING = "restarting"
+    FAILED = "failed"  # out for good: restarts exhausted
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 10.0
+    failures_to_down: int = 3  # consecutive failed /health checks (a dead process counts at once)
+    restart: bool = True  # restart servers agentrl started
+    max_restarts: int = 5  # per server, over the pool's life
+    restart_backoff_s: float = 2.0  # after a failed restart: backoff · 2^(k-1), at most 60 s
+    wait_for_server_s: float = 300.0  # generate waits this long for a server to be up
+    sticky_capacity: int = 65536  # routing entries kept (least recently used dropped)
+
+
+@dataclass
+class _Target:
+    """The weights every server must serve: ``path`` None means the weights the server was started with."""
+
+    path: str | None = None
+    version: int | None = None
+
+
+@dataclass
+class _Member:
+    client: SGLangClient
+    server: ManagedServer | None  # None: a server agentrl did not start (reached by URL only)
+    state: MemberState = MemberState.UP
+    inflight: int = 0
+    requests: int = 0
+    failures: int = 0
+    restarts: int = 0
+    starting: asyncio.Future[Any] | None = None  # the thread (re)starting the server process
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStats:
+    url: str
+    state: str
+    inflight: int
+    requests: int
+    restarts: int
+
+
+class EnginePool:
+    """Implements :class:`agentrl.engine.base.ControllableEngine` over several SGLang servers."""
+
+    def __init__(self, members: Sequence[ManagedServer | str], *, config: PoolConfig = PoolConfig(),
+                 client_factory: Callable[[str], SGLangClient] = SGLangClient) -> None:
+        if not members:
+            raise EngineError("an EnginePool needs at least one server (an SGLangServer or a URL)")
+        self.config = config
+        self._members = [
+            _Member(client_factory(m), None) if isinstance(m, str) else _Member(client_factory(m.url), m)
+            for m in members
+        ]
+        self._routes: OrderedDict[str, _Member] = OrderedDict()
+        self._rr = itertools.count()
+        self._changed = asyncio.Condition()
+        self._lock = asyncio.Lock()  # weight updates, pause state and membership changes
+        self._target = _Target()
+        self._paused: PauseMode | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._health: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def launch(cls, configs: Sequence[SGLangServerConfig], *, log_dir: Path | None = None,
+                     config: PoolConfig = PoolConfig()) -> EnginePool:
+        """Start one server per config (concurrently), then the pool and its health loop."""
+        servers = [SGLangServer(c, name=f"sglang-{i}", log_path=log_dir / f"sglang-{i}.log" if log_dir else None)
+                   for i, c in enumerate(configs)]
+        started = await asyncio.gather(*(asyncio.to_thread(s.start) for s in servers), return_exceptions=True)
+        errors = [e for e in started if isinstance(e, BaseException)]
+        if errors:
+            for s in servers:
+                s.stop()
+            raise errors[0]
+        pool = cls(servers, config=config)
+        pool.start()
+        return pool
+
+    def start(self) -> EnginePool:
+        """Start the health loop (idempotent)."""
+        if self._health is None:
+            self._health = asyncio.get_running_loop().create_task(self._health_loop())
+        return self
+
+    @property
+    def urls(self) -> list[str]:
+        return [m.url for m in self._members]
+
+    def stats(self) -> list[MemberStats]:
+        return [MemberStats(m.url, m.state.value, m.inflight, m.requests, m.restarts) for m in self._members]
+
+    def route_of(self, sticky_key: str) -> str | None:
+        member = self._routes.get(sticky_key)
+        return member.url if member is not None else None
+
+    # -- generation -------------------------------------------------------------------------------------------
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *,
+                       sticky_key: str | None = None) -> GenerateResult:
+        member = await self._pick(sticky_key)
+        member.inflight += 1
+        member.requests += 1
+        try:
+            return await member.client.generate(input_ids, sampling)
+        except EngineUnavailable:
+            self._suspect(member)
+            raise
+        finally:
+            member.inflight -= 1
+
+    async def _pick(self, key: str | None) -> _Member:
+        if key is not None and (m := self._routes.get(key)) is not None and m.state is MemberState.UP:
+            self._routes.move_to_end(key)
+            return m
+        up = [m for m in self._members if m.state is MemberState.UP]
+        if not up:
+            up = await self._wait_for_up()
+        start = next(self._rr)
+        member = min((up[(start + i) % len(up)] for i in range(len(up))), key=lambda m: m.inflight)
+        if key is not None:
+            self._routes[key] = member
+            self._routes.move_to_end(key)
+            while len(self._routes) > self.config.sticky_capacity:
+                self._routes.popitem(last=False)
+        return member
+
+    async def _wait_for_up(self) -> list[_Member]:
+        def up() -> list[_Member]:
+            return [m for m in self._members if m.state is MemberState.UP]
+
+        try:
+            async with asyncio.timeout(self.config.wait_for_server_s):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: bool(up()) or self._all_failed())
+        except TimeoutError:
+            pass
+        if not up():
+            raise EngineError(
+                f"no SGLang server is up ({', '.join(f'{m.url}: {m.state.value}' for m in self._members)}) "
+                f"after waiting {self.config.wait_for_server_s:g}s; see the server logs"
+            )
+        return up()
+
+    def _all_failed(self) -> bool:
+        return all(m.state is MemberState.FAILED for m in self._members)
+
+    # -- weights and control, fanned out ----------------------------------------------------------------------
+
+    async def update_weights(self, path: str, version: int) -> None:
+        """Load ``path`` as ``version`` on every server that is up; a server that fails is taken out and
+        restarted with these weights. Raises only if no server could load them."""
+        async with self._lock:
+            self._target = _Target(path, version)
+            await self._fan_out(lambda c: c.update_weights(path, version), f"load weights v{version}")
+
+    async def set_weight_version(self, version: int) -> None:
+        """Report the weights the servers were started with as ``version``."""
+        async with self._lock:
+            self._target = _Target(None, version)
+            await self._fan_out(lambda c: c.set_weight_version(version), f"set weight version {version}")
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        async with self._lock:
+            await self._fan_out(lambda c: c.pause(mode), f"pause ({mode})")
+            self._paused = mode
+
+    async def resume(self) -> None:
+        async with self._lock:
+            await self._fan_out(lambda c: c.resume(), "resume")
+            self._paused = None
+
+    async def abort_all(self) -> None:
+        async with self._lock:
+            await self._fan_out(lambda c: c.abort_all(), "abort all")
+
+    async def weight_version(self) -> int:
+        """The version every server that is up serves (the lowest, should they ever differ)."""
+        up = [m for m in self._members if m.state is MemberState.UP] or await self._wait_for_up()
+        return min(await asyncio.gather(*(m.client.weight_version() for m in up)))
+
+    async def _fan_out(self, op: Callable[[SGLangClient], Any], what: str) -> None:
+        up = [m for m in self._members if m.state is MemberState.UP]
+        results = await asyncio.gather(*(op(m.client) for m in up), return_exceptions=True)
+        failed = [(m, r) for m, r in zip(up, results) if isinstance(r, BaseException)]
+        for m, exc in failed:
+            if not isinstance(exc, EngineError):
+                raise exc
+            logger.error("%s failed on %s: %s; taking it out", what, m.url, exc)
+            self._take_out(m)
+        if up and len(failed) == len(up):
+            raise EngineError(f"{what} failed on every server: {failed[0][1]}")
+
+    # -- health and recovery ----------------------------------------------------------------------------------
+
+    def _suspect(self, member: _Member) -> None:
+        """A request could not reach ``member``: check it now rather than at the next tick."""
+        if member.state is MemberState.UP:
+            self._spawn(self._check(member))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._check(m) for m in self._members))
+            await asyncio.sleep(self.config.health_interval_s)
+
+    async def _check(self, member: _Member) -> None:
+        if member.state in (MemberState.RESTARTING, MemberState.FAILED):
+            return
+        dead = member.server is not None and not member.server.alive()
+        healthy = not dead and await member.client.health(self.config.health_timeout_s)
+        if member.state is MemberState.DOWN:
+            if healthy and member.server is None:  # a server we do not manage answers again
+                self._spawn(self._rejoin_logged(member))
+            return
+        member.failures = 0 if healthy else member.failures + 1
+        if dead or member.failures >= self.config.failures_to_down:
+            logger.error("SGLang server %s is %s; taking it out", member.url,
+                         "dead" if dead else f"not answering /health ({member.failures} checks)")
+            self._take_out(member)
+
+    def _take_out(self, member: _Member) -> None:
+        if member.state is not MemberState.UP:
+            return
+        member.state = MemberState.DOWN
+        for key in [k for k, m in self._routes.items() if m is member]:
+            del self._routes[key]
+        self._spawn(self._notify())
+        if member.server is not None and self.config.restart:
+            self._spawn(self._restart(member))
+
+    async def _restart(self, member: _Member) -> None:
+        assert member.server is not None
+        while member.restarts < self.config.max_restarts:
+            member.state = MemberState.RESTARTING
+            member.restarts += 1
+            logger.warning("restarting SGLang server %s (restart %d/%d)", member.url, member.restarts,
+                           self.config.max_restarts)
+            try:
+                member.starting = asyncio.ensure_future(asyncio.to_thread(member.server.restart))
+                await asyncio.shield(member.starting)
+                await self._rejoin(member)
+                return
+            except EngineError as exc:
+                logger.error("restart of %s failed: %s", member.url, exc)
+                await asyncio.sleep(min(60.0, self.config.restart_backoff_s * 2 ** (member.restarts - 1)))
+        member.state = MemberState.FAILED
+        logger.error("SGLang server %s stays out: %d restarts failed", member.url, member.restarts)
+        await self._notify()
+
+    async def _rejoin(self, member: _Member) -> None:
+        """Bring ``member`` to the current weights (and pause state), then put it back in rotation."""
+        async with self._lock:
+            if member.state is MemberState.UP:
+                return
+            target = self._target
+            if self._paused is None and member.client.paused is not None:
+                await member.client.resume()  # a fresh process is not paused; forget the old state
+            if target.path is not None and target.version is not None:
+                await member.client.update_weights(target.path, target.version)
+            elif target.version is not None:
+                await member.client.set_weight_version(target.version)
+            if self._paused is not None:
+                await member.client.pause(self._paused)
+            member.state, member.failures = MemberState.UP, 0
+            logger.info("SGLang server %s is back (weight version %s)", member.url, target.version)
+        await self._notify()
+
+    async def _rejoin_logged(self, member: _Member) -> None:
+        try:
+            await self._rejoin(member)
+        except EngineError as exc:
+            logger.error("SGLang server %s answers again but could not be brought to the current weights: %s",
+                         member.url, exc)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Stop the health loop and recoveries, close the clients, stop the servers this pool started."""
+        for task in [*self._tasks, *([self._health] if self._health else [])]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *([self._health] if self._health else []), return_exceptions=True)
+        self._health = None
+        for m in self._members:
+            await m.client.aclose()
+            if m.server is not None:
+                await asyncio.to_thread(m.server.stop)
+                if m.starting is not None and not m.starting.done():  # a restart thread may start it again
+                    await asyncio.gather(m.starting, return_exceptions=True)
+                    await asyncio.to_thread(m.server.stop)
+
+    async def __aenter__(self) -> EnginePool:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

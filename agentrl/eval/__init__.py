@@ -1,0 +1,31 @@
+"""Evaluations: ``samples_per_item`` episodes per dataset item, with mean reward, unbiased pass@k, turn and
+tool-call statistics, and per-sample records (usable from Python, the CLI and the REST service).
+
+    from agentrl.eval import EvalSpec, run_eval
+    result = await run_eval(spec, engine=engine, tokenizer=tok, resources=resources)   # your own engine
+    result = await evaluate(spec)                        # or: start what it needs (sandbox, SGLang server)
+"""
+
+from agentrl.eval.base import (
+    CORRECT_KEY,
+    EvalResult,
+    RecordCallback,
+    SampleRecord,
+    SpecError,
+    UnknownEnvironmentError,
+    correctness_score,
+)
+from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_jsonl, load_tasks
+from agentrl.eval.engines import EngineLease, EnginePool, LimitedEngine, ResolvedModel, resolve_model_spec
+from agentrl.eval.metrics import compute_metrics, pass_at_k
+from agentrl.eval.runner import TooManyErrors, check_environment, run_eval
+from agentrl.eval.services import EvalServices, evaluate
+from agentrl.eval.spec import DatasetItem, DatasetSpec, EnvironmentSpec, EvalSpec, ModelSpec, SamplingSpec
+
+__all__ = [
+    "CORRECT_KEY", "DatasetFactory", "DatasetItem", "DatasetSpec", "EngineLease", "EnginePool", "EnvironmentSpec",
+    "EvalResult", "EvalServices", "EvalSpec", "LimitedEngine", "ModelSpec", "RecordCallback", "ResolvedModel",
+    "SampleRecord", "SamplingSpec", "SpecError", "TooManyErrors", "UnknownEnvironmentError", "builtin_datasets",
+    "check_environment", "compute_metrics", "correctness_score", "evaluate", "load_jsonl", "load_tasks",
+    "pass_at_k", "resolve_model_spec", "run_eval",
+]

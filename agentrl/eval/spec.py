@@ -1,0 +1,161 @@
+"""The evaluation spec: what to evaluate (environment, dataset, model), how to sample, which metrics.
+
+It is the body of ``POST /v1/evals`` and the content of an ``agentrl eval CONFIG.yaml`` file. Unknown fields
+are errors. Checks that need the world (does the dataset file exist, is the environment registered) are made
+when the spec is loaded (:func:`agentrl.eval.datasets.load_tasks`, :func:`agentrl.eval.engines.check_model`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from agentrl.models import NAMED_MODELS
+
+MAX_ITEMS = 10_000
+MAX_SAMPLES = 100_000  # items x samples_per_item
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _to_str(value: Any) -> Any:
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+class EnvironmentSpec(_Strict):
+    """A registered environment (see ``GET /v1/environments``) and its constructor options."""
+
+    name: str = Field("retool", min_length=1, max_length=128, description="registered environment name")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the environment")
+
+
+class DatasetItem(BaseModel):
+    """One problem. Extra fields (e.g. ``tests`` for code environments) go to the task's metadata."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"prompt": "What is 17 * 23?",
+                                                                               "answer": "391"}]})
+
+    id: str | None = Field(None, max_length=256)
+    prompt: str = Field(min_length=1, max_length=100_000)
+    answer: Annotated[str | None, BeforeValidator(_to_str)] = Field(None, max_length=10_000)
+
+
+class DatasetSpec(_Strict):
+    """Exactly one of: inline ``items``, a registered dataset ``name``, or a server-side ``path`` (.jsonl)."""
+
+    items: list[DatasetItem] | None = Field(None, min_length=1, max_length=MAX_ITEMS)
+    name: str | None = Field(None, min_length=1, max_length=128,
+                             description="registered dataset, e.g. 'arithmetic:heldout'; sized by n and seed")
+    path: str | None = Field(None, min_length=1, max_length=4096,
+                             description="a .jsonl file on the server (one {prompt, answer, ...} per line)")
+    n: int = Field(20, ge=1, le=MAX_ITEMS, description="items drawn from a registered dataset")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of a registered dataset")
+    limit: int | None = Field(None, ge=1, le=MAX_ITEMS, description="keep only the first `limit` items")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        given = [k for k in ("items", "name", "path") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of 'items', 'name' or 'path' (got {given or 'none'})")
+        return self
+
+    def size_hint(self) -> int | None:
+        """Items this spec yields, if known without reading a file."""
+        n = len(self.items) if self.items is not None else self.n if self.name is not None else None
+        return min(n, self.limit) if n is not None and self.limit is not None else n
+
+
+class ModelSpec(_Strict):
+    """Exactly one of: a bundled ``name``, a model folder ``path``, a training run's weight version
+    (``run`` + ``version`` = ``runs/<run>/weights/v<version>``), or the ``url`` of a running SGLang server.
+    For all but ``url`` the service starts (and reuses) an SGLang server."""
+
+    name: str | None = Field(None, description=f"bundled model: one of {', '.join(NAMED_MODELS)}")
+    path: str | None = Field(None, min_length=1, max_length=4096, description="a local HF model folder")
+    run: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$",
+                            description="training run name (its weights are in runs/<run>/weights/)")
+    version: int | None = Field(None, ge=0, le=10**9, description="weight version of `run`")
+    url: str | None = Field(None, min_length=8, max_length=2048, pattern=r"^https?://\S+$",
+                            description="a running SGLang server, e.g. http://127.0.0.1:30000")
+    tokenizer: str | None = Field(None, min_length=1, max_length=4096,
+                                  description="bundled name or folder of the tokenizer (default: the model's)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        given = [k for k in ("name", "path", "run", "url") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of 'name', 'path', 'run' (+ 'version') or 'url' (got {given or 'none'})")
+        if (self.run is None) != (self.version is None):
+            raise ValueError("'run' and 'version' go together: the weights in runs/<run>/weights/v<version>")
+        if self.name is not None and self.name not in NAMED_MODELS:
+            raise ValueError(f"unknown bundled model {self.name!r}: expected one of {', '.join(NAMED_MODELS)} "
+                             "(use 'path' for a model folder)")
+        if self.run is not None and self.run in (".", ".."):
+            raise ValueError("'run' must be a run name, not '.' or '..'")
+        return self
+
+
+class SamplingSpec(_Strict):
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, le=100_000, description="-1: no top-k")
+    max_new_tokens: int = Field(256, ge=1, le=32_768, description="per model turn")
+    seed: int | None = Field(None, ge=0, le=2**31 - 1,
+                             description="sample s of item i uses seed + i * samples_per_item + s")
+    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list, max_length=16,
+                                                                           description="extra stop strings")
+
+
+EXAMPLE: dict[str, Any] = {
+    "environment": {"name": "retool", "options": {}},
+    "dataset": {"items": [{"prompt": "What is 17 * 23 + 5?", "answer": "396"}]},
+    "model": {"name": "tiny"},
+    "sampling": {"temperature": 1.0, "max_new_tokens": 256},
+    "samples_per_item": 4,
+    "pass_k": [1, 4],
+    "max_turns": 4,
+}
+
+
+class EvalSpec(_Strict):
+    """An evaluation: ``samples_per_item`` episodes of ``environment`` per ``dataset`` item on ``model``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE]})
+
+    name: str = Field("", max_length=200, description="a label for humans")
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+    dataset: DatasetSpec
+    model: ModelSpec
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    samples_per_item: int = Field(1, ge=1, le=256)
+    pass_k: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16,
+                              description="k values of pass@k; each at most samples_per_item")
+    max_turns: int = Field(4, ge=1, le=64)
+    max_response_tokens: int = Field(1024, ge=1, le=131_072, description="model + tool tokens after the prompt")
+    max_context_tokens: int = Field(4096, ge=16, le=131_072)
+    correct_threshold: float = Field(1.0, ge=-1e9, le=1e9,
+                                     description="a sample is correct when its correctness score is >= this")
+    max_concurrency: int = Field(8, ge=1, le=256, description="episodes of this evaluation running at once")
+    sample_retries: int = Field(1, ge=0, le=5, description="retries of a sample whose infrastructure failed")
+    max_consecutive_errors: int = Field(16, ge=1, le=10_000,
+                                        description="fail the evaluation after this many failed samples in a row")
+    episode_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    keep_trajectories: bool = Field(True, description="store each sample's full trajectory with its record")
+    labels: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=32)
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalSpec:
+        bad = [k for k in self.pass_k if not 1 <= k <= self.samples_per_item]
+        if bad:
+            raise ValueError(f"pass_k values {bad} are outside [1, samples_per_item={self.samples_per_item}]: "
+                             "pass@k needs at least k samples per item")
+        self.pass_k = sorted(set(self.pass_k))
+        n = self.dataset.size_hint()
+        if n is not None and n * self.samples_per_item > MAX_SAMPLES:
+            raise ValueError(f"{n} items x {self.samples_per_item} samples = {n * self.samples_per_item} episodes; "
+                             f"the limit is {MAX_SAMPLES}: split the evaluation")
+        return self

@@ -1,0 +1,66 @@
+"""No client call can outlive its deadline: against a server that stalls, stays busy (503, retried), streams a
+body that never ends, or drops the connection — every call ends with an EngineError naming the server and call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl.engine.base import EngineUnavailable, SamplingParams
+from agentrl.engine.client import Retry, SGLangClient, Timeouts
+from agentrl.errors import EngineError
+
+DEADLINE = Timeouts(generate_s=0.3, control_s=0.3, update_weights_s=0.3)
+
+CALLS = {
+    "generate": lambda c: c.generate([1, 2, 3], SamplingParams(max_new_tokens=4)),
+    "update_weights": lambda c: c.update_weights("/nowhere", 1),
+    "set_weight_version": lambda c: c.set_weight_version(1),
+    "weight_version": lambda c: c.weight_version(),
+    "pause": lambda c: c.pause("retract"),
+    "resume": lambda c: c.resume(),
+    "abort": lambda c: c.abort("rid"),
+    "abort_all": lambda c: c.abort_all(),
+    "flush_cache": lambda c: c.flush_cache(),
+}
+
+
+@pytest.mark.parametrize("mode", ["stall", "503", "slow_body"])
+@pytest.mark.parametrize("call", sorted(CALLS))
+async def test_every_call_ends_by_its_deadline(misbehaving, mode, call):
+    misbehaving.mode = mode
+    # a retry policy whose backoff alone would exceed the deadline many times over
+    async with SGLangClient(misbehaving.url, timeouts=DEADLINE, retry=Retry(attempts=50, backoff_s=0.2)) as c:
+        # the outer wait_for is only a safety net: the client must raise its own EngineError first
+        with pytest.raises(EngineError, match="timed out") as err:
+            await asyncio.wait_for(CALLS[call](c), 30)
+    assert misbehaving.url in str(err.value)
+
+
+async def test_health_is_false_not_a_hang(misbehaving):
+    async with SGLangClient(misbehaving.url, timeouts=DEADLINE) as c:
+        assert await asyncio.wait_for(c.health(), 30) is False
+
+
+async def test_dropped_connection_is_engine_unavailable(misbehaving):
+    misbehaving.mode = "drop"
+    async with SGLangClient(misbehaving.url, timeouts=Timeouts(generate_s=20)) as c:
+        with pytest.raises(EngineUnavailable, match="dropped the connection"):
+            await asyncio.wait_for(c.generate([1], SamplingParams(max_new_tokens=1)), 30)
+
+
+async def test_timed_out_generate_is_aborted_on_the_server(misbehaving):
+    async with SGLangClient(misbehaving.url, timeouts=DEADLINE, retry=Retry(attempts=1)) as c:
+        with pytest.raises(EngineError):
+            await c.generate([1], SamplingParams(max_new_tokens=1))
+        misbehaving.mode = "503"  # let the abort be answered quickly
+        await asyncio.sleep(0.5)
+    assert misbehaving.hits[:2] == ["/generate", "/abort_request"]
+
+
+async def test_bad_pause_mode_is_refused_before_any_request(misbehaving):
+    async with SGLangClient(misbehaving.url) as c:
+        with pytest.raises(EngineError, match="pause mode must be one of"):
+            await c.pause("sideways")  # type: ignore[arg-type]
+    assert misbehaving.hits == []

@@ -1,0 +1,245 @@
+"""EnginePool logic with fake servers: sticky routing, least-busy placement, fan-out, crash → take out →
+restart → resync to the CURRENT weights → back in rotation, waiting when no server is up, giving up for good."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from agentrl.engine.base import EngineFinish, EngineUnavailable, GenerateResult, SamplingParams
+from agentrl.engine.pool import EnginePool, MemberState, PoolConfig
+from agentrl.errors import EngineError
+
+FAST = PoolConfig(health_interval_s=0.02, health_timeout_s=0.1, failures_to_down=2, wait_for_server_s=5.0,
+                  restart_backoff_s=0.01)
+
+
+@dataclass
+class FakeServer:
+    url: str
+    up: bool = True
+    restarts: int = 0
+    fail_restarts: int = 0  # the next n restarts fail
+    restart_s: float = 0.2  # runs in a worker thread, as SGLangServer.restart does
+    clients: dict = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.up
+
+    def restart(self) -> None:
+        time.sleep(self.restart_s)
+        self.restarts += 1
+        if self.fail_restarts:
+            self.fail_restarts -= 1
+            raise EngineError(f"{self.url} did not start")
+        self.up = True
+        client = self.clients.get(self.url)
+        if client is not None:
+            client.reset()
+
+    def stop(self, timeout_s: float = 0) -> None:
+        self.up = False
+
+
+class FakeClient:
+    def __init__(self, url: str, servers: dict[str, FakeServer]) -> None:
+        self.url = url
+        self.server = servers.get(url)
+        self.calls: list[tuple] = []
+        self.hold: asyncio.Event | None = None
+        self.healthy = True
+        self.fail_updates = False
+        self.reset()
+
+    def reset(self) -> None:  # a fresh process: base weights, version 0, not paused
+        self.version = 0
+        self.paused = None
+        self.path = None
+
+    def _alive(self) -> bool:
+        return self.server is None or self.server.up
+
+    async def generate(self, ids: Sequence[int], sampling: SamplingParams, *, sticky_key=None) -> GenerateResult:
+        self.calls.append(("generate", tuple(ids)))
+        if self.hold is not None:
+            await self.hold.wait()
+        if not self._alive():
+            raise EngineUnavailable(f"{self.url}: the server dropped the connection")
+        return GenerateResult([7], [-0.5], [self.version], EngineFinish.STOP)
+
+    async def update_weights(self, path: str, version: int) -> None:
+        self.calls.append(("update_weights", path, version))
+        if self.fail_updates or not self._alive():
+            raise EngineError(f"{self.url} failed to load {path}")
+        self.path, self.version = path, version
+
+    async def set_weight_version(self, version: int) -> None:
+        self.calls.append(("set_weight_version", version))
+        self.version = version
+
+    async def weight_version(self) -> int:
+        return self.version
+
+    async def pause(self, mode="abort") -> None:
+        self.calls.append(("pause", mode))
+        self.paused = mode
+
+    async def resume(self) -> None:
+        self.calls.append(("resume",))
+        self.paused = None
+
+    async def abort_all(self) -> None: ...
+
+    async def health(self, timeout_s=None) -> bool:
+        return self.healthy and self._alive()
+
+    async def aclose(self) -> None: ...
+
+
+def make_pool(n: int = 2, *, managed: bool = True, config: PoolConfig = FAST):
+    servers = {f"http://s{i}": FakeServer(f"http://s{i}") for i in range(n)}
+    clients: dict[str, FakeClient] = {}
+
+    def factory(url: str) -> FakeClient:
+        clients[url] = FakeClient(url, servers if managed else {})
+        if managed:
+            servers[url].clients = clients
+        return clients[url]
+
+    members = list(servers.values()) if managed else list(servers)
+    return EnginePool(members, config=config, client_factory=factory), servers, clients
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+SP = SamplingParams(max_new_tokens=1)
+
+
+async def test_sticky_keys_stay_on_one_server_and_new_keys_go_to_the_least_busy():
+    pool, _, clients = make_pool(2)
+    for c in clients.values():
+        c.hold = asyncio.Event()
+    held = [asyncio.create_task(pool.generate([i], SP, sticky_key=f"k{i}")) for i in range(4)]
+    await asyncio.sleep(0.05)
+    assert sorted(len(c.calls) for c in clients.values()) == [2, 2]  # spread while all four are in flight
+    for c in clients.values():
+        c.hold.set()
+    await asyncio.gather(*held)
+    for i in range(4):
+        home = pool.route_of(f"k{i}")
+        for _ in range(3):  # later turns of the same episode: same server, whatever the load
+            await pool.generate([i, 99], SP, sticky_key=f"k{i}")
+        assert sum(1 for call in clients[home].calls if call[1][0] == i) == 4
+    await pool.aclose()
+
+
+async def test_weights_pause_and_versions_fan_out_to_every_server():
+    pool, _, clients = make_pool(3)
+    await pool.pause("retract")
+    await pool.update_weights("/w/v1", 1)
+    await pool.resume()
+    assert all(c.calls == [("pause", "retract"), ("update_weights", "/w/v1", 1), ("resume",)]
+               for c in clients.values())
+    assert await pool.weight_version() == 1
+    await pool.aclose()
+
+
+async def test_a_crashed_server_is_restarted_with_the_current_weights_and_rejoins():
+    pool, servers, clients = make_pool(2)
+    pool.start()
+    await pool.update_weights("/w/v3", 3)
+    clients["http://s0"].hold = asyncio.Event()
+    in_flight = asyncio.create_task(pool.generate([1], SP, sticky_key="episode"))
+    await asyncio.sleep(0.05)
+    assert pool.route_of("episode") == "http://s0"
+    servers["http://s0"].up = False  # the process dies under the request
+    clients["http://s0"].hold.set()
+    with pytest.raises(EngineError):  # the episode fails; the scheduler retries its group
+        await in_flight
+    await wait_until(lambda: servers["http://s0"].restarts == 1 and pool.stats()[0].state == "up")
+    assert clients["http://s0"].path == "/w/v3" and clients["http://s0"].version == 3
+    assert await pool.weight_version() == 3
+    await pool.aclose()
+
+
+async def test_updates_during_a_restart_are_not_missed():
+    pool, servers, clients = make_pool(2)
+    pool.start()
+    await pool.update_weights("/w/v1", 1)
+    servers["http://s1"].up = False
+    await wait_until(lambda: pool.stats()[1].state == "restarting")
+    await pool.update_weights("/w/v2", 2)  # s1 is out: it must come back with v2, not v1
+    await wait_until(lambda: pool.stats()[1].state == "up")
+    assert clients["http://s1"].version == 2
+    await pool.aclose()
+
+
+async def test_generate_waits_for_a_restarting_server_instead_of_failing():
+    pool, servers, clients = make_pool(1)
+    pool.start()
+    servers["http://s0"].up = False
+    servers["http://s0"].fail_restarts = 1  # the first restart fails; the second works
+    await wait_until(lambda: pool.stats()[0].state != "up")
+    out = await pool.generate([1], SP, sticky_key="k")
+    assert out.output_ids == [7] and servers["http://s0"].restarts == 2
+    await pool.aclose()
+
+
+async def test_a_server_that_cannot_restart_is_out_for_good():
+    pool, servers, _ = make_pool(1, config=PoolConfig(health_interval_s=0.02, max_restarts=2,
+                                                      wait_for_server_s=30.0, restart_backoff_s=0.01))
+    pool.start()
+    servers["http://s0"].up = False
+    servers["http://s0"].fail_restarts = 99
+    await wait_until(lambda: pool.stats()[0].state == MemberState.FAILED.value, timeout=20)
+    with pytest.raises(EngineError, match="no SGLang server is up"):
+        await asyncio.wait_for(pool.generate([1], SP), 5)  # fails at once, not after 30 s
+    await pool.aclose()
+
+
+async def test_a_server_that_rejoins_while_the_pool_is_paused_is_paused_too():
+    pool, servers, clients = make_pool(2)
+    pool.start()
+    await pool.pause("in_place")
+    servers["http://s1"].up = False
+    await wait_until(lambda: servers["http://s1"].restarts == 1 and pool.stats()[1].state == "up")
+    assert clients["http://s1"].paused == "in_place"
+    await pool.resume()
+    assert clients["http://s1"].paused is None
+    await pool.aclose()
+
+
+async def test_failed_weight_load_takes_the_server_out_and_all_failing_raises():
+    pool, _, clients = make_pool(2)
+    clients["http://s0"].fail_updates = True
+    await pool.update_weights("/w/v1", 1)  # s1 loaded it; s0 is taken out (and restarted)
+    assert pool.stats()[0].state != "up" and clients["http://s1"].version == 1
+    await pool.aclose()
+
+    pool, _, clients = make_pool(2, config=PoolConfig(restart=False))
+    for c in clients.values():
+        c.fail_updates = True
+    with pytest.raises(EngineError, match="failed on every server"):
+        await pool.update_weights("/w/v1", 1)
+    await pool.aclose()
+
+
+async def test_unmanaged_server_comes_back_when_it_answers_and_is_resynced():
+    pool, _, clients = make_pool(2, managed=False)
+    pool.start()
+    await pool.set_weight_version(4)
+    clients["http://s0"].healthy = False
+    await wait_until(lambda: pool.stats()[0].state == "down")
+    clients["http://s0"].reset()  # someone restarted it by hand: version 0
+    clients["http://s0"].healthy = True
+    await wait_until(lambda: pool.stats()[0].state == "up")
+    assert clients["http://s0"].version == 4
+    await pool.aclose()
