@@ -7,6 +7,7 @@ template adds after a finished assistant message — so the sequence is exactly 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,31 @@ from typing import Any
 from agentrl.errors import ConfigError
 
 _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+
+
+def hermes_tools_text(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tool block Qwen2.5's template puts in the system message (Hermes function calling)."""
+    specs = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        f"{specs}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def with_tools_in_system(messages: Sequence[Mapping[str, Any]],
+                         tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with the Hermes tool block appended to the system message (one is added if missing)."""
+    out = [dict(m) for m in messages]
+    block = hermes_tools_text(tools)
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content') or ''}\n\n{block}".lstrip()
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
 
 
 class ChatTokenizer:
@@ -33,6 +59,8 @@ class ChatTokenizer:
         if cut < 0:
             raise ConfigError("the chat template does not end an assistant message with the EOS token")
         self._base_text = base[: cut + len(self.eos_token)]
+        #: whether the chat template renders ``tools`` itself (Qwen2.5/3 do; SmolLM2's does not)
+        self.supports_tools = "tools" in str(tokenizer.chat_template)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
@@ -48,6 +76,10 @@ class ChatTokenizer:
 
     def encode_prompt(self, messages: Sequence[Mapping[str, Any]],
                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """The prompt's token ids. ``tools`` (function schemas) go through the template when it renders them,
+        else into the system message in the Hermes format (:func:`hermes_tools_text`)."""
+        if tools and not self.supports_tools:
+            messages, tools = with_tools_in_system(messages, tools), None
         return self.encode_text(self.render(messages, add_generation_prompt=True, tools=tools))
 
     def encode_text(self, text: str) -> list[int]:

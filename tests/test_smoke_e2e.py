@@ -71,13 +71,17 @@ def test_summary_and_run_directory(smoke_run: Path):
         assert (smoke_run / "weights" / f"v{v}" / "config.json").exists()
         assert list((smoke_run / "weights" / f"v{v}").glob("*.safetensors"))
     assert (smoke_run / "config.yaml").exists() and list((smoke_run / "checkpoints").iterdir())
-    assert (smoke_run / "logs" / "sglang.log").exists() and (smoke_run / "logs" / "trainer.log").exists()
+    for log in ("sglang.log", "trainer-0.log", "rollout.log"):
+        assert (smoke_run / "logs" / log).exists(), log
+    assert summary["books_balanced"] and summary["trajectories_left_in_queue"] == 0
+    assert (smoke_run / "report.md").exists() and (smoke_run / "report.png").exists()
 
 
 def test_every_process_was_stopped(smoke_run: Path):
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert not _alive(summary["engine_url"])
     assert _processes_mentioning(str(smoke_run)) == []
+    assert _processes_mentioning("raylet") == [], "the local Ray cluster must be shut down"
 
 
 def test_trajectories_hold_exactly_what_sglang_saw_and_returned(smoke_run: Path):

@@ -36,6 +36,8 @@ def serve(
     dataset_dir: Annotated[list[Path] | None, typer.Option(help="server-side datasets must be under these "
                                                                 "(repeatable; default: the working directory)")] = None,
     max_body_mb: Annotated[float, typer.Option(help="largest request body")] = 8.0,
+    namespace: Annotated[str, typer.Option(help="Redis key prefix (separate services sharing one Redis)")]
+    = "{agentrl-evals}",
     log_level: Annotated[str, typer.Option(help="uvicorn and agentrl log level")] = "info",
 ) -> None:
     """Serve the evaluation REST API (POST /v1/evals, GET /v1/evals/ID and its results, DELETE, environments)."""
@@ -48,7 +50,8 @@ def serve(
     settings = ApiSettings(token=token, redis_url=redis_url, data_dir=data_dir, max_tasks=max_tasks,
                            max_episodes=max_episodes, max_servers=max_servers, sandbox_backend=sandbox,
                            max_sandbox=max_sandbox, lease_s=lease_s, runs_dir=runs_dir,
-                           dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)))
+                           dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)),
+                           namespace=namespace)
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV}", fg=typer.colors.YELLOW, err=True)
     try:

@@ -83,14 +83,17 @@ class EpisodeRunner:
                   trajectory_id: str | None = None) -> Trajectory:
         """Run one episode to the end and score it. Engine/sandbox failures propagate (the caller retries)."""
         messages = await env.reset(task)
-        st = _State(token_ids=self.tok.encode_prompt(messages), prompt_len=0)
+        st = _State(token_ids=self.tok.encode_prompt(messages, env.tool_schemas() or None), prompt_len=0)
         st.prompt_len = len(st.token_ids)
         tid = trajectory_id or Trajectory.new_id()
+        # routing key: every turn of the episode — and every sample of its group, which share the prompt — goes to
+        # the same server, so its prefix cache is reused
+        key = group_id or tid
         state = AgentState.GENERATE
         if st.prompt_len >= self.budget.max_context_tokens:
             st.finish, state = FinishReason.LENGTH, AgentState.DONE
         while state is not AgentState.DONE:
-            state = await (self._generate(st, env, tid) if state is AgentState.GENERATE else self._act(st, env))
+            state = await (self._generate(st, env, key) if state is AgentState.GENERATE else self._act(st, env))
         result = await env.score(RewardInput.from_turns(st.turns, st.finish))
         finish = st.finish if result.ok else FinishReason.ERROR
         breakdown = result.details.get("breakdown") or {env_name or env.name or "reward": result.score}
@@ -110,7 +113,7 @@ class EpisodeRunner:
         return min(self.budget.max_response_tokens - st.response_len,
                    self.budget.max_context_tokens - len(st.token_ids))
 
-    async def _generate(self, st: _State, env: Environment, tid: str) -> AgentState:
+    async def _generate(self, st: _State, env: Environment, key: str) -> AgentState:
         remaining = self._remaining(st)
         if remaining <= 0:
             st.finish = FinishReason.LENGTH
@@ -118,7 +121,7 @@ class EpisodeRunner:
         sampling = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, remaining),
                            stop=tuple(dict.fromkeys((*self.sampling.stop, *env.stop))))
         t0 = time.monotonic()
-        out = await self.engine.generate(st.token_ids, sampling, sticky_key=tid)
+        out = await self.engine.generate(st.token_ids, sampling, sticky_key=key)
         st.turn_gen_s += time.monotonic() - t0
         st.token_ids.extend(out.output_ids)
         st.loss_mask.extend([1] * len(out.output_ids))
@@ -140,7 +143,7 @@ class EpisodeRunner:
         t0 = time.monotonic()
         result = await env.step(st.turn_text)
         tool_s = time.monotonic() - t0
-        obs_ids = self._observation_ids(result.observation) if result.observation is not None else []
+        obs_ids = self._observation_ids(st, result.observation) if result.observation is not None else []
         if result.done or result.observation is None:
             over_budget = any(r.status == "budget" for r in result.tool_results)
             st.finish = FinishReason.MAX_TURNS if over_budget else FinishReason.STOP
@@ -159,11 +162,16 @@ class EpisodeRunner:
         st.turn_start = len(st.token_ids)
         return AgentState.GENERATE
 
-    def _observation_ids(self, obs: Observation) -> list[int]:
+    def _observation_ids(self, st: _State, obs: Observation) -> list[int]:
+        """Observation tokens: raw text as is; chat messages as the template's delta after a finished assistant
+        message — so an EOS is added first (mask 0) when the model's turn ended at a stop string instead."""
         ids: list[int] = []
         if obs.text:
             ids += self.tok.encode_text(obs.text)
         if obs.messages:
+            last = ids[-1] if ids else st.token_ids[-1]
+            if last != self.tok.eos_token_id:
+                ids.append(self.tok.eos_token_id)
             ids += self.tok.encode_messages_delta(obs.messages)
         return ids
 

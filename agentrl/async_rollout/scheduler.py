@@ -5,9 +5,23 @@ Two tasks run side by side:
 
 - the producer admits groups (``n_samples`` episodes of one task, kept together for GRPO) whenever
   :class:`StalenessManager` has capacity, and puts each finished group on the trajectory queue in one call;
-- the weight follower awaits each new version in the registry and loads it into the engine, either draining
-  (SGLang waits for in-flight requests) or interrupting (pause with abort → load → continue; aborted requests
-  are resumed by the episode runner, so their tokens keep exact per-token versions).
+- the weight follower awaits each new version in the registry and loads it into the engine (``update_mode``):
+  ``drain`` (SGLang finishes in-flight requests, then loads), ``interrupt`` (pause → load → continue; with
+  ``pause_mode`` ``retract``/``in_place`` SGLang continues the requests on the new weights, with ``abort`` the
+  episode runner resumes them; either way a turn keeps exact per-token versions), or ``abort_restart``
+  (in-flight episodes are thrown away and restarted from scratch on the new weights).
+
+**Staleness guarantee.** The trainer (``agentrl.trainer.worker``) consumes ``groups_per_step`` complete groups
+per step in queue order, so the k-th group this scheduler queues (k = 0, 1, …) is trained by the policy of
+version ``initial_version + k // groups_per_step``. A group is put on the queue only if
+
+    initial_version + k // groups_per_step − min(weight version of its model tokens) ≤ η
+
+so NO queued trajectory is more than η versions stale when the trainer consumes it. Admission (AReaL's rule,
+see :mod:`staleness`) makes this hold for every group that finishes in time; for slow ones, after each weight
+load the in-flight episodes that can no longer make it are restarted at once (and a finished group that fails
+the check is restarted), up to ``max_stale_restarts`` times, then dropped and counted. Assumes one scheduler
+feeding the queue and a trainer that starts at ``initial_version`` with the queue empty.
 
 A group whose episodes hit an infrastructure failure (engine or sandbox) is retried, then dropped and counted;
 it is never queued with a made-up reward.
@@ -16,6 +30,7 @@ it is never queued with a made-up reward.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -25,10 +40,12 @@ from typing import Any, Literal, Protocol
 from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.async_rollout.staleness import StalenessManager
 from agentrl.env.base import Environment
-from agentrl.errors import AgentRLError, InfrastructureError
+from agentrl.errors import AgentRLError, ConfigError, InfrastructureError
 from agentrl.types import FinishReason, Task, Trajectory
 
 logger = logging.getLogger(__name__)
+
+UpdateMode = Literal["drain", "interrupt", "abort_restart"]
 
 
 class TrajectorySink(Protocol):
@@ -41,7 +58,7 @@ class WeightSource(Protocol):
 
 class ReloadableEngine(Protocol):
     async def update_weights(self, path: str, version: int) -> None: ...
-    async def pause(self, mode: str = "abort") -> None: ...
+    async def pause(self, mode: Any = "abort") -> None: ...
     async def resume(self) -> None: ...
 
 
@@ -51,22 +68,47 @@ class RolloutConfig:
     groups_per_step: int = 4  # groups the trainer consumes per step
     max_staleness: int = 1  # η
     max_running_groups: int = 8
-    update_mode: Literal["drain", "interrupt"] = "interrupt"
-    group_retries: int = 2
+    update_mode: UpdateMode = "interrupt"
+    pause_mode: Literal["abort", "retract", "in_place"] = "retract"  # how "interrupt" pauses SGLang
+    group_retries: int = 2  # after infrastructure failures
+    max_stale_restarts: int = 3  # restarts of a group that would exceed η, then it is dropped
+    max_failed_groups: int = 32  # groups dropped after infrastructure failures before the run gives up
     drop_uniform_groups: bool = False  # dynamic sampling: drop groups whose rewards are all equal
     weight_wait_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.update_mode not in ("drain", "interrupt", "abort_restart"):
+            raise ConfigError(f"update_mode must be drain, interrupt or abort_restart, got {self.update_mode!r}")
+        if self.n_samples < 1:
+            raise ConfigError(f"n_samples must be >= 1, got {self.n_samples}")
 
 
 @dataclass
 class RolloutStats:
     groups_queued: int = 0
-    groups_failed: int = 0
-    groups_filtered: int = 0
+    groups_failed: int = 0  # infrastructure failures after all retries
+    groups_filtered: int = 0  # dynamic sampling
+    groups_dropped_stale: int = 0  # still over η after max_stale_restarts
+    groups_restarted_stale: int = 0
+    episodes_restarted: int = 0  # abort_restart, or could no longer finish within η
     trajectories_queued: int = 0
     model_tokens: int = 0
+    staleness_max: int = 0  # over queued groups: consuming version − oldest token version
     versions_loaded: list[int] = field(default_factory=list)
     reload_s: list[float] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
+
+
+class _StaleGroup(Exception):
+    """A finished group would be consumed more than η versions after its oldest token."""
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One try at one episode; restarted (cancelled and run again) when it cannot meet the bound."""
+
+    task: asyncio.Task[Trajectory]
+    start_version: int  # the engine served at least this version when it started: a floor of its tokens'
 
 
 class RolloutScheduler:
@@ -84,10 +126,17 @@ class RolloutScheduler:
         self.config = config
         self.on_group = on_group
         self.version = initial_version
+        self.initial_version = initial_version
         self.gate = StalenessManager(groups_per_step=config.groups_per_step, max_staleness=config.max_staleness,
                                      max_running=config.max_running_groups, version=initial_version)
         self.stats = RolloutStats()
-        self._queued = asyncio.Condition()
+        self._put_lock = asyncio.Lock()
+        self._attempts: set[_Attempt] = set()
+        self._seq = itertools.count()
+
+    def consume_version(self, slot: int) -> int:
+        """The trainer version that trains the ``slot``-th queued group (see the module docstring)."""
+        return self.initial_version + slot // self.config.groups_per_step
 
     async def run(self, *, total_groups: int, final_version: int) -> RolloutStats:
         """Produce ``total_groups`` groups, then keep loading weights until the engine serves ``final_version``."""
@@ -98,73 +147,135 @@ class RolloutScheduler:
         return self.stats
 
     async def _produce(self, total_groups: int, tg: asyncio.TaskGroup) -> None:
+        # gate.started = groups queued + groups running (a dropped group gives its admission back)
         pending: set[asyncio.Task[None]] = set()
         while self.gate.started < total_groups or self.gate.running:
+            if self.stats.groups_failed > self.config.max_failed_groups:
+                raise InfrastructureError(
+                    f"{self.stats.groups_failed} groups failed after {self.config.group_retries} retries each; "
+                    "the engine or the sandbox keeps failing (see the warnings above)")
             if self.gate.started >= total_groups:
-                await asyncio.wait(pending)
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            index = await self.gate.acquire()
-            task = next(self.tasks)
-            t = tg.create_task(self._run_group(task, index))
+            await self.gate.acquire()
+            t = tg.create_task(self._run_group(next(self.tasks)))
             pending.add(t)
             t.add_done_callback(pending.discard)
-        if pending:
-            await asyncio.wait(pending)
 
-    async def _run_group(self, task: Task, index: int) -> None:
-        group_id = f"{task.id}#{index}"
-        for attempt in range(self.config.group_retries + 1):
+    async def _run_group(self, task: Task) -> None:
+        group_id = f"{task.id}#{next(self._seq)}"
+        failures = stale = 0
+        while failures <= self.config.group_retries and stale <= self.config.max_stale_restarts:
             try:
                 group = await self._episodes(task, group_id)
+                if self.config.drop_uniform_groups and len({t.reward for t in group}) == 1:
+                    self.stats.groups_filtered += 1
+                    return await self.gate.release(requeue=True)
+                await self._queue(group)
+                return await self.gate.release()
+            except _StaleGroup as exc:
+                stale += 1
+                self.stats.groups_restarted_stale += 1
+                logger.info("group %s restarts: %s", group_id, exc)
             except InfrastructureError as exc:
-                logger.warning("group %s attempt %d failed: %s", group_id, attempt + 1, exc)
-                continue
-            if any(t.finish_reason is FinishReason.ERROR for t in group):
-                logger.warning("group %s attempt %d: a reward could not be computed", group_id, attempt + 1)
-                continue
-            if self.config.drop_uniform_groups and len({t.reward for t in group}) == 1:
-                self.stats.groups_filtered += 1
-                await self.gate.release(requeue=True)
-                return
-            await self.sink.put(group)
-            self.stats.groups_queued += 1
-            self.stats.trajectories_queued += len(group)
-            self.stats.model_tokens += sum(t.num_model_tokens for t in group)
-            if self.on_group is not None:
-                await self.on_group(group)
-            await self.gate.release()
-            return
-        self.stats.groups_failed += 1
-        logger.error("group %s dropped after %d attempts", group_id, self.config.group_retries + 1)
+                failures += 1
+                logger.warning("group %s attempt %d failed: %s", group_id, failures, exc)
+        if stale > self.config.max_stale_restarts:
+            self.stats.groups_dropped_stale += 1
+            logger.warning("group %s dropped: still over the staleness bound after %d restarts", group_id, stale - 1)
+        else:
+            self.stats.groups_failed += 1
+            logger.error("group %s dropped after %d failed attempts", group_id, failures)
         await self.gate.release(requeue=True)
 
     async def _episodes(self, task: Task, group_id: str) -> list[Trajectory]:
-        async def one() -> Trajectory:
-            env = self.make_env()
-            async with env:
-                return await self.runner.run(env, task, env_name=self.env_name, group_id=group_id)
-
         try:
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(one()) for _ in range(self.config.n_samples)]
+                tasks = [tg.create_task(self._episode(task, group_id)) for _ in range(self.config.n_samples)]
         except* AgentRLError as eg:
             raise eg.exceptions[0] from None
-        return [t.result() for t in tasks]
+        group = [t.result() for t in tasks]
+        bad = [t for t in group if t.finish_reason is FinishReason.ERROR]
+        if bad:
+            raise _RewardFailed(f"a reward could not be computed: {bad[0].metadata.get('infra_error')}")
+        return group
+
+    async def _episode(self, task: Task, group_id: str) -> Trajectory:
+        """Run one episode; run it again from scratch whenever the weight follower restarts it."""
+        while True:
+            attempt = _Attempt(asyncio.ensure_future(self._one(task, group_id)), self.version)
+            self._attempts.add(attempt)
+            try:
+                return await attempt.task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # we are being cancelled ourselves
+                self.stats.episodes_restarted += 1
+            finally:
+                self._attempts.discard(attempt)
+
+    async def _one(self, task: Task, group_id: str) -> Trajectory:
+        async with self.make_env() as env:
+            return await self.runner.run(env, task, env_name=self.env_name, group_id=group_id)
+
+    async def _queue(self, group: list[Trajectory]) -> None:
+        """Put the group in the next queue slot if that keeps it within η; else raise :class:`_StaleGroup`."""
+        versions = [t.min_version for t in group if t.num_model_tokens]
+        async with self._put_lock:
+            slot = self.stats.groups_queued
+            staleness = self.consume_version(slot) - min(versions) if versions else 0
+            if staleness > self.config.max_staleness:
+                raise _StaleGroup(f"it would be trained {staleness} versions after its oldest token "
+                                  f"(η = {self.config.max_staleness})")
+            await self.sink.put(group)
+            self.stats.groups_queued += 1
+            self.stats.staleness_max = max(self.stats.staleness_max, staleness)
+        self.stats.trajectories_queued += len(group)
+        self.stats.model_tokens += sum(t.num_model_tokens for t in group)
+        if self.on_group is not None:
+            await self.on_group(group)
+
+    def _restart(self, should: Callable[[_Attempt], bool]) -> int:
+        """Cancel the in-flight attempts ``should`` picks; their episodes start again from scratch."""
+        picked = [a for a in self._attempts if should(a) and not a.task.done()]
+        for a in picked:
+            a.task.cancel()
+        return len(picked)
+
+    def _doomed(self, attempt: _Attempt) -> bool:
+        """True if the episode's group can no longer be queued within η (its oldest token ≥ start_version)."""
+        next_slot = self.stats.groups_queued
+        return self.consume_version(next_slot) - attempt.start_version > self.config.max_staleness
 
     async def _follow_weights(self, final_version: int) -> None:
         while self.version < final_version:
             wv = await self.weights.wait_for(self.version + 1, timeout_s=self.config.weight_wait_timeout_s)
-            t0 = time.monotonic()
-            if self.config.update_mode == "interrupt":
-                await self.engine.pause("abort")
-                try:
-                    await self.engine.update_weights(str(wv.path), int(wv.version))
-                finally:
-                    await self.engine.resume()
-            else:
-                await self.engine.update_weights(str(wv.path), int(wv.version))
-            self.version = int(wv.version)
-            self.stats.versions_loaded.append(self.version)
-            self.stats.reload_s.append(time.monotonic() - t0)
-            logger.info("engine now serves weight version %d (%.2fs)", self.version, time.monotonic() - t0)
-            await self.gate.set_version(self.version)
+            await self._load(str(wv.path), int(wv.version))
+
+    async def _load(self, path: str, version: int) -> None:
+        t0 = time.monotonic()
+        mode = self.config.update_mode
+        if mode == "drain":
+            await self.engine.update_weights(path, version)
+            self.version = version
+        else:
+            await self.engine.pause("abort" if mode == "abort_restart" else self.config.pause_mode)
+            try:
+                await self.engine.update_weights(path, version)
+                self.version = version
+                if mode == "abort_restart":  # restarted episodes wait on the paused server for the resume
+                    self._restart(lambda a: a.start_version < version)
+            finally:
+                await self.engine.resume()
+        restarted = self._restart(self._doomed)
+        if restarted:
+            logger.info("restarted %d episodes that could no longer finish within η", restarted)
+        self.stats.versions_loaded.append(version)
+        self.stats.reload_s.append(time.monotonic() - t0)
+        logger.info("engine now serves weight version %d (%.2fs, %s)", version, time.monotonic() - t0, mode)
+        await self.gate.set_version(version)
+
+
+class _RewardFailed(InfrastructureError):
+    """A reward of the group could not be computed (sandbox or checker failure): retry the group."""

@@ -124,6 +124,27 @@ class SGLangServer:
         return env
 
     def start(self) -> SGLangServer:
+        """Start the server and block until it is ready (or raise, with the log's tail, and stop it)."""
+        self.start_background()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def wait_ready_async(self) -> None:
+        """The asyncio form of waiting for readiness (the process must have been started)."""
+        import asyncio
+
+        try:
+            await asyncio.to_thread(self._wait_ready)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_background(self) -> SGLangServer:
+        """Launch the server process and return at once; see :meth:`wait_ready_async`."""
         if self._proc is not None:
             raise EngineError(f"{self.name} is already started at {self.url}")
         if self.log_path is not None:
@@ -134,11 +155,6 @@ class SGLangServer:
         self._proc = subprocess.Popen(
             self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def _wait_ready(self) -> None:

@@ -59,6 +59,10 @@ class Environment(abc.ABC):
     async def score(self, response: RewardInput) -> RewardResult:
         """Reward of the episode. An ``INFRA_ERROR`` result means: do not train on this sample (it is not 0)."""
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """Function schemas rendered into the prompt (chat-template ``tools``); none by default."""
+        return []
+
     async def close(self) -> None:
         """Free per-episode resources. Always called, also after errors."""
 

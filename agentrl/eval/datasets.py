@@ -33,8 +33,9 @@ def builtin_datasets() -> dict[str, DatasetFactory]:
 
 def load_tasks(spec: DatasetSpec, *, datasets: dict[str, DatasetFactory] | None = None,
                allowed_dirs: Sequence[Path] | None = None) -> list[Task]:
-    """The tasks of a dataset spec. ``allowed_dirs``: server-side files must lie under one of them
-    (None: any path, for local runs). Raises :class:`SpecError` naming the field at fault."""
+    """The tasks of a dataset spec. ``allowed_dirs``: server-side files must lie under one of them, and a
+    relative path is taken relative to the first (None: any path, relative to the working directory, for local
+    runs). Raises :class:`SpecError` naming the field at fault."""
     if spec.items is not None:
         tasks = [Task(id=item.id or f"item-{i}", prompt=item.prompt, answer=item.answer,
                       metadata=dict(item.model_extra or {}))
@@ -54,6 +55,8 @@ def load_tasks(spec: DatasetSpec, *, datasets: dict[str, DatasetFactory] | None 
 def _checked_path(raw: str, allowed_dirs: Sequence[Path] | None) -> Path:
     loc = ("dataset", "path")
     path = Path(raw).expanduser()
+    if not path.is_absolute() and allowed_dirs:
+        path = allowed_dirs[0] / path  # relative to the server's first dataset directory
     try:
         resolved = path.resolve(strict=False)
     except (OSError, RuntimeError, ValueError) as exc:

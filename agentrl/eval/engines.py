@@ -144,6 +144,7 @@ class EnginePool:
         self._entries: dict[str, _Entry] = {}
         self._changed = asyncio.Condition()
         self._tokenizers: dict[str, ChatTokenizer] = {}
+        self._tokenizer_lock = asyncio.Lock()  # one load at a time (transformers' lazy imports are not thread-safe)
         self._closed = False
         self.started = 0  # servers started so far (for metrics and tests)
 
@@ -239,10 +240,11 @@ class EnginePool:
             source = str(model.path)
         if source is None:
             source = await _served_model_path(client.url)
-        folder = str(resolve_model(source)) if source in NAMED_MODELS else source
-        if folder not in self._tokenizers:
-            self._tokenizers[folder] = await asyncio.to_thread(ChatTokenizer.from_pretrained, folder)
-        return self._tokenizers[folder]
+        async with self._tokenizer_lock:
+            folder = str(await asyncio.to_thread(resolve_model, source)) if source in NAMED_MODELS else source
+            if folder not in self._tokenizers:
+                self._tokenizers[folder] = await asyncio.to_thread(ChatTokenizer.from_pretrained, folder)
+            return self._tokenizers[folder]
 
     def status(self) -> list[dict[str, Any]]:
         """What the pool holds (for the health endpoint)."""

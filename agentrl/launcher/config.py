@@ -83,6 +83,20 @@ class SFTSection(_Section):
     lr: float = Field(1e-3, gt=0)
 
 
+class ResourcesSection(_Section):
+    """Where the parts run. A local Ray cluster by default (no dashboard, no auth token files); ``ray_address``
+    joins an existing cluster. ``*_cores`` pin processes to CPU cores (each side gets its own, as on a cluster)."""
+
+    ray_address: str | None = None
+    trainer_world_size: int = Field(1, ge=1)
+    trainer_num_cpus: float = Field(1.0, gt=0)
+    trainer_num_gpus: float = Field(0.0, ge=0)
+    rollout_num_cpus: float = Field(1.0, gt=0)
+    rollout_cores: list[int] | None = None
+    trainer_cores: list[int] | None = None
+    max_trainer_restarts: int = Field(2, ge=0)
+
+
 class RunConfig(_Section):
     name: str = ""
     runs_dir: str = "runs"
@@ -99,6 +113,7 @@ class RunConfig(_Section):
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     trainer: dict[str, Any] = Field(default_factory=dict)  # agentrl.trainer.TrainerConfig minus `model`
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
 
     @field_validator("trainer")
     @classmethod

@@ -1,11 +1,14 @@
-"""The single controller of a training run: it starts the parts, wires them, watches them, stops them.
+"""The single controller of a training run: it places the parts on Ray, wires them, watches them, stops them.
 
-    Redis (embedded or external) ─┬─ trainer process (SFT → v0, then RL steps → v1..vN, metrics.jsonl)
-    SGLang server ────────────────┤
-    sandbox + rewards ────────────┴─ rollout (RolloutScheduler in this process's event loop)
+    controller ── Redis (embedded in the run dir, or external) ──────────────────────────────┐
+       │                                                                                      │
+       ├─ TrainerActor × world size (SFT → v0, then RL steps v1..vN; restarted from its checkpoint if it dies)
+       └─ RolloutActor (SGLang server, sandbox, rewards, RolloutScheduler) ─── trajectories ──┘
 
-Data never passes through the controller's own code: trajectories go rollout → Redis → trainer, weights go
-trainer → ``weights/v<N>/`` → SGLang. Every process started is stopped at the end, also on Ctrl-C or an error.
+Data never passes through the controller: trajectories go rollout → Redis → trainer, weights go trainer →
+``weights/v<N>/`` → SGLang. It only starts things, waits on them, collects small summaries and writes the report.
+Every process started is stopped at the end, also on Ctrl-C or an error (Ray actors with ``ray.kill``; the
+SGLang process groups they started from ``logs/processes.jsonl``).
 """
 
 from __future__ import annotations
@@ -14,216 +17,220 @@ import asyncio
 import json
 import logging
 import os
-import subprocess
-import sys
+import signal
+import socket
 import time
-from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
-from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
-from agentrl.engine.recording import RecordingEngine
 from agentrl.env import default_registry
-from agentrl.errors import ConfigError, TrainerError
+from agentrl.errors import TrainerError
 from agentrl.launcher.config import RunConfig, save_config
-from agentrl.launcher.resources import make_env_resources, sft_traces_file, tasks_from
+from agentrl.launcher.resources import sft_traces_file
 from agentrl.models import resolve_model
-from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
+from agentrl.queue import connect_redis
 from agentrl.tokenizer import ChatTokenizer
-from agentrl.trainer.worker import registry_namespace, stream_name
-from agentrl.types import Trajectory
 
 logger = logging.getLogger(__name__)
 
 
-class TrainerProcess:
-    """The trainer as a child process (its own process group), logging into the run directory."""
+def _ray_init(cfg: RunConfig) -> Any:
+    import ray
 
-    def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
-        self.run_dir = run_dir
-        self.log_path = run_dir / "logs" / "trainer.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.trainer.worker", str(run_dir)], env={**os.environ, **env},
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    if ray.is_initialized():
+        return ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster: no token file in the user's home
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if cfg.resources.ray_address:
+        ray.init(address=cfg.resources.ray_address, log_to_driver=True)
+    else:
+        need = cfg.resources.rollout_num_cpus + cfg.resources.trainer_world_size * cfg.resources.trainer_num_cpus
+        ray.init(include_dashboard=False, num_cpus=max(need, float(os.cpu_count() or 1)), log_to_driver=True,
+                 configure_logging=False)
+    return ray
 
-    def log_tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
-    async def wait_ok(self, poll_s: float = 0.5) -> None:
-        """Return when the trainer exits with 0; raise TrainerError (with its log) on any other exit."""
-        while (code := self.proc.poll()) is None:
-            await asyncio.sleep(poll_s)
-        if code != 0:
-            raise TrainerError(f"the trainer process exited with code {code}; {self.log_path} ends with:\n"
-                               + self.log_tail())
+def _log_to(path: Path) -> None:
+    """Send this process's agentrl logs to a file of the run (Ray actors run in their own processes)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc.poll() is None:
+
+def _actor_classes() -> tuple[Any, Any]:
+    import ray
+
+    from agentrl.launcher.rollout_worker import RolloutWorker
+
+    @ray.remote
+    class RolloutActor(RolloutWorker):
+        def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str) -> None:
+            _log_to(Path(run_dir) / "logs" / "rollout.log")
+            super().__init__(cfg, run_dir, redis_url)
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    @ray.remote
+    class TrainerActor:
+        def __init__(self, run_dir: str, env: dict[str, str], cores: list[int] | None) -> None:
+            os.environ.update(env)
+            if cores:
+                os.sched_setaffinity(0, set(cores))
+            self.run_dir = Path(run_dir)
+            _log_to(self.run_dir / "logs" / f"trainer-{env.get('RANK', '0')}.log")
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        def train(self) -> int:
+            from agentrl.trainer.worker import train
+
+            rank = os.environ.get("RANK", "0")
+            (self.run_dir / "logs" / f"trainer-{rank}.pid").write_text(str(os.getpid()))
+            asyncio.run(train(self.run_dir))
+            return 0
+
+    return RolloutActor, TrainerActor
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TrainerGroup:
+    """The trainer ranks as Ray actors; restarted together (from the last checkpoint) when one dies."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str, actor_cls: Any) -> None:
+        self.cfg, self.run_dir, self.redis_url, self.cls = cfg, run_dir, redis_url, actor_cls
+        self.actors: list[Any] = []
+        self.refs: list[Any] = []
+        self.restarts = 0
+
+    def start(self) -> None:
+        r = self.cfg.resources
+        world, port = r.trainer_world_size, _free_port()
+        self.actors, self.refs = [], []
+        for rank in range(world):
+            env = {"AGENTRL_REDIS_URL": self.redis_url, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            actor = self.cls.options(num_cpus=r.trainer_num_cpus, num_gpus=r.trainer_num_gpus,
+                                     name=f"trainer-{self.cfg.name}-{rank}-{self.restarts}").remote(
+                str(self.run_dir), env, r.trainer_cores)
+            self.actors.append(actor)
+        self.refs = [a.train.remote() for a in self.actors]
+
+    async def wait(self) -> None:
+        """Return when every rank finished; restart the group on a death, up to ``max_trainer_restarts``."""
+        import ray
+
+        while True:
             try:
-                os.killpg(self.proc.pid, 15)
-                self.proc.wait(timeout=timeout_s)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        try:
-            os.killpg(self.proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self._log.close()
+                await asyncio.gather(*self.refs)
+                return
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                if self.restarts >= self.cfg.resources.max_trainer_restarts:
+                    raise TrainerError(f"the trainer failed {self.restarts + 1} times; last error: {exc}; "
+                                       f"see {self.run_dir / 'logs'}") from exc
+                self.restarts += 1
+                logger.warning("trainer died (%s); restarting from the last checkpoint (restart %d/%d)",
+                               type(exc).__name__, self.restarts, self.cfg.resources.max_trainer_restarts)
+                self.kill()
+                self.start()
+
+    def kill(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
 
 
-class RolloutLog:
-    """Appends every queued trajectory to ``rollouts.jsonl``: in full (token arrays included) or a summary."""
-
-    def __init__(self, path: Path, mode: str) -> None:
-        self.path = path
-        self.full = mode == "full"
-
-    async def __call__(self, group: list[Trajectory]) -> None:
-        with open(self.path, "a") as f:
-            for t in group:
-                if self.full:
-                    record = t.to_dict()
-                else:
-                    record = {"trajectory_id": t.trajectory_id, "group_id": t.group_id, "reward": t.reward,
-                              "finish_reason": t.finish_reason.value, "num_tokens": t.num_tokens,
-                              "model_tokens": t.num_model_tokens, "versions": sorted(set(t.generated_versions)),
-                              "turns": [{"text": u.text, "tools": [r.status for r in u.tool_results]}
-                                        for u in t.turns]}
-                f.write(json.dumps(record) + "\n")
-
-
-def _summary(cfg: RunConfig, run_dir: Path, stats: Any, wall: float, served_version: int,
-             engine_url: str) -> dict[str, Any]:
-    records = []
-    metrics_path = run_dir / "metrics.jsonl"
-    if metrics_path.exists():
-        records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    rewards = [r.get("reward_mean") for r in records]
-    return {
-        "run": cfg.name,
-        "engine": "sglang",
-        "engine_url": engine_url,
-        "model": cfg.model,
-        "steps": len(records),
-        "final_weight_version": records[-1]["weight_version"] if records else 0,
-        "served_weight_version": served_version,
-        "trajectories_produced": stats.trajectories_queued,
-        "trajectories_consumed": sum(int(r.get("num_trajectories", 0)) for r in records),
-        "trajectories_dropped_stale": sum(int(r.get("dropped_stale", 0)) for r in records),
-        "groups_failed": stats.groups_failed,
-        "groups_filtered": stats.groups_filtered,
-        "wall_time_s": round(wall, 2),
-        "reward_first": rewards[0] if rewards else None,
-        "reward_last": rewards[-1] if rewards else None,
-        "staleness_max": max((int(r.get("staleness_max", 0)) for r in records), default=0),
-        "reload_s_mean": round(sum(stats.reload_s) / len(stats.reload_s), 3) if stats.reload_s else None,
-        "rollout_model_tokens": stats.model_tokens,
-    }
-
-
-async def run_training(cfg: RunConfig) -> dict[str, Any]:
-    """Run a whole training job as configured; returns (and writes) ``summary.json``."""
-    cfg = cfg.with_default_name()
-    run_dir = cfg.run_dir()
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    if cfg.env.name not in {e.name for e in default_registry.list_envs()}:
-        default_registry.get_env(cfg.env.name)  # raises ConfigError naming the known ones
-    t_start = time.monotonic()
-    base_model = resolve_model(cfg.model)
-    tok = ChatTokenizer.from_pretrained(base_model)
-    if cfg.sft.enabled and cfg.sft.steps > 0:
-        sft_traces_file(cfg, tok, run_dir / "sft_traces.jsonl")
-
-    async with AsyncExitStack() as stack:
-        redis = await connect_redis(cfg.redis.url, run_dir / "redis")
-        stack.push_async_callback(redis.aclose)
-        trainer = TrainerProcess(run_dir, {"AGENTRL_REDIS_URL": redis.url})
-        stack.callback(trainer.stop)
-        server = await _start_engine(cfg, base_model, run_dir, stack)
-        client = SGLangClient(server)
-        stack.push_async_callback(client.aclose)
-        engine: Any = client
-        if cfg.engine.record_requests:
-            engine = RecordingEngine(client, run_dir / "engine_requests.jsonl")
-            stack.push_async_callback(engine.aclose)
-        queue = TrajectoryQueue(redis.client, stream_name(cfg.name),
-                                capacity=max(64, 4 * cfg.rollout.groups_per_step * cfg.rollout.n_samples))
-        stack.push_async_callback(queue.aclose)
-        registry = WeightRegistry(redis.client, registry_namespace(cfg.name))
-        stack.push_async_callback(registry.aclose)
-        resources = await make_env_resources(cfg, stack)
-
-        v0 = await _race(registry.wait_for(0, timeout_s=3600), trainer)
-        if Path(v0.path).resolve() != base_model.resolve():
-            await client.update_weights(v0.path, 0)
-        else:
-            await client.set_weight_version(0)
-        r = cfg.rollout
-        runner = EpisodeRunner(
-            engine, tok,
-            SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
-            EpisodeBudget(max_turns=r.max_turns, max_response_tokens=r.max_response_tokens,
-                          max_context_tokens=r.max_context_tokens),
-        )
-        scheduler = RolloutScheduler(
-            runner=runner, engine=client,
-            make_env=lambda: default_registry.make_env(cfg.env.name, resources, **cfg.env.options),
-            env_name=cfg.env.name, tasks=tasks_from(cfg.data.train, seed=cfg.seed), sink=queue, weights=registry,
-            config=RolloutConfig(n_samples=r.n_samples, groups_per_step=r.groups_per_step,
-                                 max_staleness=r.max_staleness, max_running_groups=r.max_running_groups,
-                                 update_mode=r.update_mode, drop_uniform_groups=r.drop_uniform_groups),
-            on_group=RolloutLog(run_dir / "rollouts.jsonl", cfg.log_rollouts) if cfg.log_rollouts != "none" else None,
-        )
-        stats = await _race(scheduler.run(total_groups=cfg.steps * r.groups_per_step, final_version=cfg.steps),
-                            trainer)
-        await trainer.wait_ok()
-        served = await client.weight_version()
-        summary = _summary(cfg, run_dir, stats, time.monotonic() - t_start, served, server)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    logger.info("run %s done: %s", cfg.name, summary)
-    return summary
-
-
-async def _start_engine(cfg: RunConfig, model: Path, run_dir: Path, stack: AsyncExitStack) -> str:
-    if cfg.engine.url:
-        return cfg.engine.url
-    e = cfg.engine
-    server = SGLangServer(
-        SGLangServerConfig(model_path=str(model), device=e.device, dtype=e.dtype, max_total_tokens=e.max_total_tokens,
-                           context_length=e.context_length, tp_size=e.tp_size, python=e.python or sys.executable,
-                           startup_timeout_s=e.startup_timeout_s, extra_args=e.extra_args),
-        log_path=run_dir / "logs" / "sglang.log",
-    )
-    stack.callback(server.stop)
-    await asyncio.to_thread(server.start)
-    return server.url
-
-
-async def _race(coro: Any, trainer: TrainerProcess) -> Any:
-    """Await ``coro`` unless the trainer process dies first (then raise its error instead of waiting forever)."""
+async def _first(coro: Any, trainers: TrainerGroup) -> Any:
+    """Await ``coro``; if the trainer group fails for good first, raise its error instead of waiting forever."""
     work = asyncio.ensure_future(coro)
-    watch = asyncio.ensure_future(_watch(trainer))
+    watch = asyncio.ensure_future(trainers.wait())
     try:
         done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         if work in done:
             return work.result()
-        watch.result()
-        raise TrainerError("the trainer process ended before the run was complete")
+        watch.result()  # raises if the trainer failed for good
+        return await work  # the trainer finished first: the rollout side still completes its part
     finally:
-        for t in (work, watch):
-            t.cancel()
-        await asyncio.gather(work, watch, return_exceptions=True)
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
 
 
-async def _watch(trainer: TrainerProcess) -> None:
-    await trainer.wait_ok()
+def _kill_recorded(run_dir: Path) -> None:
+    path = run_dir / "logs" / "processes.jsonl"
+    if not path.exists():
+        return
+    for line in path.read_text().splitlines():
+        pid = json.loads(line)["pid"]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.5)
 
 
+async def run_training(cfg: RunConfig) -> dict[str, Any]:
+    """Run a whole training job as configured; returns (and writes) ``summary.json``."""
+    from agentrl.launcher.report import summarize, write_report
 
-__all__ = ["run_training", "ConfigError"]
+    cfg = cfg.with_default_name()
+    run_dir = cfg.run_dir().resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    default_registry.get_env(cfg.env.name)  # fail fast, naming the known environments
+    t_start = time.monotonic()
+    base_model = resolve_model(cfg.model)
+    if cfg.sft.enabled and cfg.sft.steps > 0:
+        sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
+    ray = _ray_init(cfg)
+    rollout_cls, trainer_cls = _actor_classes()
+    evals: dict[str, Any] = {}
+    async with AsyncExitStack() as stack:
+        stack.callback(_kill_recorded, run_dir)
+        redis = await connect_redis(cfg.redis.url, run_dir / "redis")
+        stack.push_async_callback(redis.aclose)
+        trainers = TrainerGroup(cfg, run_dir, redis.url, trainer_cls)
+        stack.callback(trainers.kill)
+        trainers.start()
+        rollout = rollout_cls.options(num_cpus=cfg.resources.rollout_num_cpus).remote(cfg, run_dir, redis.url)
+        stack.callback(ray.kill, rollout)
+        stack.push_async_callback(_aclose_actor, rollout)
+        engine_url = await _first(rollout.start.remote(), trainers)
+        heldout = cfg.data.num_heldout > 0
+        if heldout and cfg.sft.enabled:
+            evals["before"] = await _first(rollout.evaluate_heldout.remote("before"), trainers)
+        await _first(rollout.load_version.remote(0), trainers)
+        if heldout:
+            evals["sft"] = await _first(rollout.evaluate_heldout.remote("sft"), trainers)
+        rollout_stats = await _first(
+            rollout.run.remote(cfg.steps * cfg.rollout.groups_per_step, cfg.steps), trainers)
+        await trainers.wait()
+        if heldout:
+            evals["after"] = await rollout.evaluate_heldout.remote("after")
+        served = await rollout.weight_version.remote()
+        left = await rollout.queue_length.remote()
+        summary = summarize(cfg, run_dir, rollout_stats=rollout_stats, evals=evals, served_version=served,
+                            engine_url=engine_url, queue_left=left, trainer_restarts=trainers.restarts,
+                            wall_time_s=time.monotonic() - t_start)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(run_dir, summary)
+    logger.info("run %s done: final version %s, reward %s → %s", cfg.name, summary["final_weight_version"],
+                summary["reward_first"], summary["reward_last"])
+    return summary
+
+
+async def _aclose_actor(actor: Any) -> None:
+    try:
+        await asyncio.wait_for(actor.aclose.remote(), 30)
+    except Exception as exc:  # the actor may be dead already; the ledger kill still runs
+        logger.debug("rollout actor close: %r", exc)

@@ -111,101 +111,105 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+class _Rank0:
+    """What only rank 0 does: Redis (queue reads, acks, registry), metrics files."""
+
+    def __init__(self, cfg: RunConfig, queue: TrajectoryQueue, registry: WeightRegistry) -> None:
+        self.cfg, self.queue, self.registry = cfg, queue, registry
+        self.carry: dict[str, list[QueueEntry]] = {}
+        self.unacked: list[str] = []  # entries trained on since the last checkpoint
+
+
 async def train(run_dir: Path) -> None:
+    """The whole trainer job of one rank (SPMD: every rank runs this; rank 0 also talks to Redis)."""
     cfg = load_config(run_dir / "config.yaml")
     base_model = resolve_model(cfg.model)
-    handle = await connect_redis(os.environ.get("AGENTRL_REDIS_URL"), run_dir / "redis")
-    queue = TrajectoryQueue(
-        handle.client,
-        stream_name(cfg.name),
-        consumer="trainer-0",
-        capacity=max(64, 4 * cfg.rollout.groups_per_step * cfg.rollout.n_samples),
-    )
-    registry = WeightRegistry(handle.client, registry_namespace(cfg.name))
-    ckpt_root = run_dir / "checkpoints"
+    rank = int(os.environ.get("RANK", "0"))
+    r0: _Rank0 | None = None
+    handle = None
+    if rank == 0:
+        handle = await connect_redis(os.environ.get("AGENTRL_REDIS_URL"), run_dir / "redis")
+        queue = TrajectoryQueue(handle.client, stream_name(cfg.name), consumer="trainer-0",
+                                capacity=queue_capacity(cfg))
+        r0 = _Rank0(cfg, queue, WeightRegistry(handle.client, registry_namespace(cfg.name)))
     try:
-        ckpt = latest_checkpoint(ckpt_root)
-        v0 = await registry.latest()
-        if ckpt is None and v0 is None:
-            v0_path = (
-                run_sft(cfg, run_dir, base_model) if cfg.sft.enabled and cfg.sft.steps > 0 else base_model
-            )
-            await registry.publish(0, str(v0_path), step=0, metrics={})
-            logger.info("published v0: %s", v0_path)
-        policy = (
-            run_dir / "weights" / "v0"
-            if (run_dir / "weights" / "v0" / "config.json").exists()
-            else base_model
-        )
-        tcfg = TrainerConfig(model=str(policy), **cfg.trainer)
-        with Trainer(tcfg) as trainer:
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        need_v0 = ckpt is None and (r0 is None or await r0.registry.latest() is None)
+        if broadcast_object(need_v0 if r0 is not None else None):
+            sft = cfg.sft.enabled and cfg.sft.steps > 0
+            v0_path = run_sft(cfg, run_dir, base_model) if sft else base_model
+            if r0 is not None:
+                await r0.registry.publish(0, str(v0_path), step=0, metrics={})
+                logger.info("published v0: %s", v0_path)
+        policy = run_dir / "weights" / "v0" if (run_dir / "weights" / "v0" / "config.json").exists() else base_model
+        with Trainer(TrainerConfig(model=str(policy), **cfg.trainer)) as trainer:
             if ckpt is not None:
                 extra = trainer.load_checkpoint(ckpt)
-                await queue.ack(extra.get("entry_ids", []))  # idempotent: finishes an interrupted step's ack
-                logger.info(
-                    "resumed from %s at step %d, version %d", ckpt, trainer.step, trainer.weight_version
-                )
-            carry: dict[str, list[QueueEntry]] = {}
+                if r0 is not None:
+                    await r0.queue.ack(extra.get("entry_ids", []))  # idempotent: finishes an interrupted ack
+                    await _republish(r0, run_dir, trainer.weight_version, trainer.step)
+                    _truncate_metrics(run_dir, trainer.step)
+                logger.info("resumed from %s at step %d, version %d", ckpt, trainer.step, trainer.weight_version)
             while trainer.weight_version < cfg.steps:
-                await rl_step(cfg, run_dir, trainer, queue, registry, carry)
+                await rl_step(cfg, run_dir, trainer, r0)
     finally:
-        await queue.aclose()
-        await registry.aclose()
-        await handle.aclose()
+        if r0 is not None:
+            await r0.queue.aclose()
+            await r0.registry.aclose()
+        if handle is not None:
+            await handle.aclose()
 
 
-async def rl_step(
-    cfg: RunConfig,
-    run_dir: Path,
-    trainer: Trainer,
-    queue: TrajectoryQueue,
-    registry: WeightRegistry,
-    carry: dict[str, list[QueueEntry]],
-) -> None:
+def _truncate_metrics(run_dir: Path, step: int) -> None:
+    """Steps after the checkpoint are trained again after a restart: drop their old metric lines."""
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+
+def queue_capacity(cfg: RunConfig) -> int:
+    """Room for η + 2 steps of groups: producers block beyond that (backpressure, never drops)."""
+    return max(16, (cfg.rollout.max_staleness + 2) * cfg.rollout.groups_per_step * cfg.rollout.n_samples)
+
+
+async def _republish(r0: _Rank0, run_dir: Path, version: int, step: int) -> None:
+    """After a restart the checkpointed version may not have reached the registry (crash before publish)."""
+    latest = await r0.registry.latest()
+    if version > 0 and (latest is None or latest.version < version):
+        await r0.registry.publish(version, str(run_dir / "weights" / f"v{version}"), step=step, metrics={})
+
+
+async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None) -> None:
     t0 = time.monotonic()
-    entries = await read_groups(
-        queue,
-        groups=cfg.rollout.groups_per_step,
-        group_size=cfg.rollout.n_samples,
-        carry=carry,
-        stop_after_s=3600,
-    )
+    entries: list[QueueEntry] = []
+    if r0 is not None:
+        entries = await read_groups(r0.queue, groups=cfg.rollout.groups_per_step, group_size=cfg.rollout.n_samples,
+                                    carry=r0.carry, stop_after_s=3600)
     wait_s = time.monotonic() - t0
-    batch: list[Trajectory] = broadcast_object([e.trajectory for e in entries])
-    version = trainer.weight_version
-    m = trainer.rl_step(batch, current_version=version)
+    batch: list[Trajectory] = broadcast_object([e.trajectory for e in entries] if r0 is not None else None)
+    m = trainer.rl_step(batch, current_version=trainer.weight_version)
     new_version = trainer.weight_version
     target = run_dir / "weights" / f"v{new_version}"
     trainer.export_hf(target)
-    ids = [e.entry_id for e in entries]
+    if r0 is not None:
+        r0.unacked += [e.entry_id for e in entries]
     if new_version % cfg.checkpoint_every == 0 or new_version == cfg.steps:
-        trainer.save_checkpoint(
-            run_dir / "checkpoints" / f"step-{trainer.step:06d}", extra={"entry_ids": ids}
-        )
-    await queue.ack(ids)
-    record = {
-        **m.as_dict(),
-        "step": trainer.step,
-        "weight_version": new_version,
-        "wait_s": wait_s,
-        "time_s": time.monotonic() - t0,
-        "wall_time": time.time(),
-    }
-    await registry.publish(
-        new_version, str(target), step=trainer.step, metrics={"reward_mean": m.reward_mean, "loss": m.loss}
-    )
+        ids = broadcast_object(list(r0.unacked) if r0 is not None else None)
+        trainer.save_checkpoint(run_dir / "checkpoints" / f"step-{trainer.step:06d}", extra={"entry_ids": ids})
+        if r0 is not None:
+            await r0.queue.ack(ids)  # only now: the checkpoint that includes these steps is on disk
+            r0.unacked.clear()
+    if r0 is None:
+        return
+    record = {**m.as_dict(), "step": trainer.step, "weight_version": new_version, "wait_s": wait_s,
+              "time_s": time.monotonic() - t0, "wall_time": time.time()}
+    await r0.registry.publish(new_version, str(target), step=trainer.step,
+                              metrics={"reward_mean": m.reward_mean, "loss": m.loss})
     append_metrics(run_dir, record)
-    logger.info(
-        "step %d → v%d reward %.3f trajs %d tokens %d staleness %.2f (%.1fs, waited %.1fs)",
-        trainer.step,
-        new_version,
-        m.reward_mean,
-        m.num_trajectories,
-        m.tokens,
-        m.staleness_mean,
-        record["time_s"],
-        wait_s,
-    )
+    logger.info("step %d → v%d reward %.3f trajs %d tokens %d staleness %.2f (%.1fs, waited %.1fs)",
+                trainer.step, new_version, m.reward_mean, m.num_trajectories, m.tokens, m.staleness_mean,
+                record["time_s"], wait_s)
 
 
 def main(argv: list[str] | None = None) -> int:

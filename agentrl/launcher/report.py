@@ -1,0 +1,121 @@
+"""The end of a run: ``summary.json`` (the books), ``report.md`` and ``report.png`` (reward, accuracy, staleness)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from agentrl.launcher.config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], evals: dict[str, Any],
+              served_version: int, engine_url: str, queue_left: int, trainer_restarts: int,
+              wall_time_s: float) -> dict[str, Any]:
+    """The run's books. Balance: produced = consumed + dropped (stale, invalid) + left in the queue."""
+    records = read_metrics(run_dir)
+    rewards = [r.get("reward_mean") for r in records]
+    consumed = sum(int(r.get("num_trajectories", 0)) for r in records)
+    stale = sum(int(r.get("dropped_stale", 0)) for r in records)
+    invalid = sum(int(r.get("dropped_invalid", 0)) for r in records)
+    produced = int(rollout_stats.get("trajectories_produced", 0))
+    summary: dict[str, Any] = {
+        "run": cfg.name,
+        "engine": "sglang",
+        "engine_url": engine_url,
+        "model": cfg.model,
+        "steps": len(records),
+        "final_weight_version": records[-1]["weight_version"] if records else 0,
+        "served_weight_version": served_version,
+        "trajectories_produced": produced,
+        "trajectories_consumed": consumed,
+        "trajectories_dropped_stale": stale,
+        "trajectories_dropped_invalid": invalid,
+        "trajectories_left_in_queue": queue_left,
+        "books_balanced": produced == consumed + stale + invalid + queue_left,
+        "groups_failed": rollout_stats.get("groups_failed", 0),
+        "groups_filtered": rollout_stats.get("groups_filtered", 0),
+        "trainer_restarts": trainer_restarts,
+        "wall_time_s": round(wall_time_s, 2),
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "staleness_mean": (sum(r.get("staleness_mean", 0.0) for r in records) / len(records)) if records else 0.0,
+        "staleness_max": max((int(r.get("staleness_max", 0)) for r in records), default=0),
+        "reload_s_mean": rollout_stats.get("reload_s_mean"),
+        "rollout_model_tokens": rollout_stats.get("model_tokens", 0),
+    }
+    for label in ("before", "sft", "after"):
+        if label in evals:
+            summary[f"heldout_accuracy_{label}"] = evals[label]["accuracy"]
+            summary[f"heldout_reward_{label}"] = evals[label]["reward_mean"]
+    return summary
+
+
+def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
+    records = read_metrics(run_dir)
+    plot = _plot(run_dir, records, summary)
+    lines = [f"# Run `{summary['run']}`", "",
+             f"Model `{summary['model']}`, engine {summary['engine']}, {summary['steps']} RL steps, "
+             f"final weight version {summary['final_weight_version']}, wall time {summary['wall_time_s']:.0f} s.", ""]
+    if any(k.startswith("heldout_accuracy") for k in summary):
+        lines += ["## Held-out accuracy (wordings never seen in SFT)", "", "| policy | accuracy | reward |",
+                  "|---|---|---|"]
+        for label, name in (("before", "base model"), ("sft", "after cold-start SFT"), ("after", "after RL")):
+            if f"heldout_accuracy_{label}" in summary:
+                lines.append(f"| {name} | {summary[f'heldout_accuracy_{label}']:.3f} | "
+                             f"{summary[f'heldout_reward_{label}']:.3f} |")
+        lines.append("")
+    lines += ["## Training", "", "| step | version | reward | staleness mean/max | trajectories | tokens | time s |",
+              "|---|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['step']} | {r['weight_version']} | {r.get('reward_mean', 0):.3f} | "
+                     f"{r.get('staleness_mean', 0):.2f}/{r.get('staleness_max', 0)} | {r.get('num_trajectories')} | "
+                     f"{r.get('tokens')} | {r.get('time_s', 0):.1f} |")
+    lines += ["", "## Books", "",
+              f"produced {summary['trajectories_produced']} = consumed {summary['trajectories_consumed']} + "
+              f"dropped stale {summary['trajectories_dropped_stale']} + dropped invalid "
+              f"{summary['trajectories_dropped_invalid']} + left in queue {summary['trajectories_left_in_queue']}"
+              f" → balanced: {summary['books_balanced']}; trainer restarts: {summary['trainer_restarts']}", ""]
+    if plot:
+        lines += [f"![reward, accuracy and staleness]({plot.name})", ""]
+    (run_dir / "report.md").write_text("\n".join(lines))
+
+
+def _plot(run_dir: Path, records: list[dict[str, Any]], summary: dict[str, Any]) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: no plot in the report")
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    steps = [r["step"] for r in records]
+    axes[0].plot(steps, [r.get("reward_mean", 0) for r in records], marker="o")
+    axes[0].set(title="reward (rollouts)", xlabel="step")
+    labels = [("before", "base"), ("sft", "SFT"), ("after", "RL")]
+    acc = [(name, summary[f"heldout_accuracy_{k}"]) for k, name in labels if f"heldout_accuracy_{k}" in summary]
+    if acc:
+        axes[1].bar([a for a, _ in acc], [b for _, b in acc], color=["#999", "#69c", "#2a2"][: len(acc)])
+        axes[1].set_ylim(0, 1)
+    axes[1].set(title="held-out accuracy")
+    axes[2].plot(steps, [r.get("staleness_mean", 0) for r in records], marker="o", label="mean")
+    axes[2].plot(steps, [r.get("staleness_max", 0) for r in records], marker="x", label="max")
+    axes[2].set(title="staleness (versions)", xlabel="step")
+    axes[2].legend()
+    fig.tight_layout()
+    out = run_dir / "report.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

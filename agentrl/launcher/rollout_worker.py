@@ -1,0 +1,192 @@
+"""The rollout side of a run, as one object the controller places (a Ray actor in production, plain in tests).
+
+It owns the SGLang server, the sandbox, the math-checker pool, and the producer ends of the queue and registry;
+it runs the :class:`RolloutScheduler` and the held-out evaluations. Trajectories leave it only through Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
+from agentrl.data import arithmetic
+from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
+from agentrl.engine.recording import RecordingEngine
+from agentrl.env import default_registry
+from agentrl.env.registry import EnvResources
+from agentrl.launcher.config import RunConfig
+from agentrl.launcher.evaluate import EvalOutcome, evaluate
+from agentrl.launcher.resources import make_env_resources, tasks_from
+from agentrl.models import resolve_model
+from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
+from agentrl.tokenizer import ChatTokenizer
+from agentrl.trainer.worker import queue_capacity, registry_namespace, stream_name
+from agentrl.types import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutLog:
+    """Appends every queued trajectory to ``rollouts.jsonl``: in full (token arrays included) or a summary."""
+
+    def __init__(self, path: Path, mode: str) -> None:
+        self.path = path
+        self.full = mode == "full"
+
+    async def __call__(self, group: list[Trajectory]) -> None:
+        with open(self.path, "a") as f:
+            for t in group:
+                if self.full:
+                    record = t.to_dict()
+                else:
+                    record = {"trajectory_id": t.trajectory_id, "group_id": t.group_id, "reward": t.reward,
+                              "finish_reason": t.finish_reason.value, "num_tokens": t.num_tokens,
+                              "model_tokens": t.num_model_tokens, "versions": sorted(set(t.generated_versions)),
+                              "turns": [{"text": u.text, "tools": [r.status for r in u.tool_results]}
+                                        for u in t.turns]}
+                f.write(json.dumps(record) + "\n")
+
+
+def record_process(run_dir: Path, name: str, pid: int) -> None:
+    """Note a process group this run started, so the controller can kill it whatever happens to its owner."""
+    with open(run_dir / "logs" / "processes.jsonl", "a") as f:
+        f.write(json.dumps({"name": name, "pid": pid}) + "\n")
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.redis_url = redis_url
+        self._stack = AsyncExitStack()
+        self.client: SGLangClient | None = None
+        self.engine: Any = None
+        self.resources: EnvResources | None = None
+        self.scheduler: RolloutScheduler | None = None
+
+    async def start(self) -> str:
+        """Start everything the rollout side needs; returns the engine URL."""
+        cfg, stack = self.cfg, self._stack
+        if cfg.resources.rollout_cores is not None:
+            os.sched_setaffinity(0, set(cfg.resources.rollout_cores))  # the SGLang child inherits it
+        base_model = resolve_model(cfg.model)
+        self.tok = ChatTokenizer.from_pretrained(base_model)
+        handle = await connect_redis(self.redis_url)
+        stack.push_async_callback(handle.aclose)
+        url = cfg.engine.url or await self._start_server(base_model)
+        self.client = SGLangClient(url)
+        stack.push_async_callback(self.client.aclose)
+        self.engine = self.client
+        if cfg.engine.record_requests:
+            self.engine = RecordingEngine(self.client, self.run_dir / "engine_requests.jsonl")
+            stack.push_async_callback(self.engine.aclose)
+        self.queue = TrajectoryQueue(handle.client, stream_name(cfg.name), capacity=queue_capacity(cfg))
+        stack.push_async_callback(self.queue.aclose)
+        self.registry = WeightRegistry(handle.client, registry_namespace(cfg.name))
+        stack.push_async_callback(self.registry.aclose)
+        self.resources = await make_env_resources(cfg, stack)
+        await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
+        return url
+
+    async def _start_server(self, model: Path) -> str:
+        e = self.cfg.engine
+        server = SGLangServer(
+            SGLangServerConfig(model_path=str(model), device=e.device, dtype=e.dtype,
+                               max_total_tokens=e.max_total_tokens, context_length=e.context_length,
+                               tp_size=e.tp_size, python=e.python or sys.executable,
+                               startup_timeout_s=e.startup_timeout_s, extra_args=e.extra_args),
+            log_path=self.run_dir / "logs" / "sglang.log",
+        )
+        self._stack.callback(server.stop)
+        server.start_background()
+        if server.pid is not None:
+            record_process(self.run_dir, "sglang", server.pid)
+        await server.wait_ready_async()
+        logger.info("starting sglang on %s: ready", server.url)
+        return server.url
+
+    def _runner(self, *, temperature: float | None = None) -> EpisodeRunner:
+        r = self.cfg.rollout
+        return EpisodeRunner(
+            self.engine, self.tok,
+            SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p,
+                           temperature=r.temperature if temperature is None else temperature),
+            EpisodeBudget(max_turns=r.max_turns, max_response_tokens=r.max_response_tokens,
+                          max_context_tokens=r.max_context_tokens),
+        )
+
+    def _make_env(self) -> Any:
+        return default_registry.make_env(self.cfg.env.name, self.resources, **self.cfg.env.options)
+
+    async def load_version(self, version: int, timeout_s: float = 3600.0) -> int:
+        """Wait for ``version`` in the registry and load it into the engine (no-op if it is the base model)."""
+        assert self.client is not None
+        wv = await self.registry.wait_for(version, timeout_s=timeout_s)
+        if Path(wv.path).resolve() == resolve_model(self.cfg.model).resolve():
+            await self.client.set_weight_version(wv.version)
+        else:
+            await self.client.update_weights(wv.path, wv.version)
+        return int(wv.version)
+
+    async def evaluate_heldout(self, label: str) -> dict[str, Any]:
+        """Greedy held-out evaluation on the engine's current weights; records go to ``eval_<label>.jsonl``."""
+        d = self.cfg.data
+        tasks = [p.task for p in arithmetic.problems(d.heldout, d.num_heldout, seed=self.cfg.seed + 7)] \
+            if d.heldout in arithmetic.FAMILIES else list(_first(tasks_from(d.heldout, seed=0), d.num_heldout))
+        outcome: EvalOutcome = await evaluate(self._runner(temperature=0.0), self._make_env, tasks,
+                                              concurrency=self.cfg.rollout.max_running_groups,
+                                              env_name=self.cfg.env.name,
+                                              out=self.run_dir / f"eval_{label}.jsonl")
+        result = {"label": label, "version": await self.client.weight_version() if self.client else None,
+                  **outcome.as_dict()}
+        logger.info("held-out eval %s: %s", label, result)
+        return result
+
+    async def run(self, total_groups: int, final_version: int) -> dict[str, Any]:
+        r = self.cfg.rollout
+        self.scheduler = RolloutScheduler(
+            runner=self._runner(), engine=self.client, make_env=self._make_env, env_name=self.cfg.env.name,
+            tasks=tasks_from(self.cfg.data.train, seed=self.cfg.seed), sink=self.queue, weights=self.registry,
+            config=RolloutConfig(n_samples=r.n_samples, groups_per_step=r.groups_per_step,
+                                 max_staleness=r.max_staleness, max_running_groups=r.max_running_groups,
+                                 update_mode=r.update_mode, drop_uniform_groups=r.drop_uniform_groups),
+            initial_version=await self.client.weight_version(),
+            on_group=RolloutLog(self.run_dir / "rollouts.jsonl", self.cfg.log_rollouts)
+            if self.cfg.log_rollouts != "none" else None,
+        )
+        stats = await self.scheduler.run(total_groups=total_groups, final_version=final_version)
+        return {"trajectories_produced": stats.trajectories_queued, "groups_queued": stats.groups_queued,
+                "groups_failed": stats.groups_failed, "groups_filtered": stats.groups_filtered,
+                "model_tokens": stats.model_tokens, "versions_loaded": stats.versions_loaded,
+                "reload_s_mean": sum(stats.reload_s) / len(stats.reload_s) if stats.reload_s else None}
+
+    async def progress(self) -> dict[str, Any]:
+        """A snapshot for live progress: rollout counters, queue depth."""
+        s = self.scheduler.stats if self.scheduler is not None else None
+        q = await self.queue.stats()
+        return {"groups_queued": s.groups_queued if s else 0, "model_tokens": s.model_tokens if s else 0,
+                "version": self.scheduler.version if self.scheduler else None,
+                "queue_length": q.length, "queue_pending": q.pending}
+
+    async def queue_length(self) -> int:
+        return (await self.queue.stats()).length
+
+    async def weight_version(self) -> int:
+        assert self.client is not None
+        return await self.client.weight_version()
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+
+def _first(it: Any, n: int) -> Any:
+    for i, x in enumerate(it):
+        if i >= n:
+            return
+        yield x

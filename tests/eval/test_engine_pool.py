@@ -1,0 +1,106 @@
+"""EnginePool: one server per model folder, reused; at most max_servers, the idle LRU one stopped for a new model;
+failed starts reported and retried. The launcher is a fake here (the logic around it); the real SGLang launch is
+in the ``slow`` test at the end, and the URL path against a real server in test_sglang_eval.py."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import EngineError
+from agentrl.eval import EnginePool, EvalSpec, ResolvedModel, run_eval
+
+
+@dataclass
+class FakeServer:
+    url: str
+    stopped: bool = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@dataclass
+class FakeLauncher:
+    delay_s: float = 0.05
+    fail: set[str] = field(default_factory=set)
+    started: list[FakeServer] = field(default_factory=list)
+
+    async def __call__(self, path: Path) -> FakeServer:
+        await asyncio.sleep(self.delay_s)
+        if path.name in self.fail:
+            raise EngineError(f"{path.name} does not load")
+        server = FakeServer(f"http://127.0.0.1:1/{path.name}/{len(self.started)}")
+        self.started.append(server)
+        return server
+
+
+def model(tiny_model_path: Path, name: str) -> ResolvedModel:
+    # every fake "model" uses the tiny tokenizer; the folder name tells the launcher which model it is
+    return ResolvedModel(label=name, path=Path("/models") / name, tokenizer=str(tiny_model_path))
+
+
+async def test_one_server_per_model_reused_and_evicted_when_idle(tiny_model_path: Path) -> None:
+    launcher = FakeLauncher()
+    async with EnginePool(max_servers=1, launcher=launcher) as pool:
+        a = model(tiny_model_path, "a")
+
+        async def use(m: ResolvedModel, hold_s: float) -> str:
+            async with pool.lease(m) as lease:
+                await asyncio.sleep(hold_s)
+                return lease.url
+
+        urls = await asyncio.gather(*(use(a, 0.05) for _ in range(3)))
+        assert len(set(urls)) == 1 and len(launcher.started) == 1  # started once, shared
+        assert await use(a, 0) == urls[0]  # an idle server is reused
+        b = model(tiny_model_path, "b")
+        slow_a = asyncio.ensure_future(use(a, 0.3))
+        await asyncio.sleep(0.05)
+        url_b = await use(b, 0)  # waits until `a` is idle, then stops it for `b`
+        assert slow_a.done() and launcher.started[0].stopped and len(launcher.started) == 2
+        assert "/b/" in url_b
+    assert all(s.stopped for s in launcher.started)
+
+
+async def test_two_servers_side_by_side(tiny_model_path: Path) -> None:
+    launcher = FakeLauncher()
+    async with EnginePool(max_servers=2, launcher=launcher) as pool:
+        async with pool.lease(model(tiny_model_path, "a")) as la, pool.lease(model(tiny_model_path, "b")) as lb:
+            assert la.url != lb.url
+            assert [e["leases"] for e in pool.status()] == [1, 1]
+
+
+async def test_a_failed_start_is_reported_to_every_waiter_and_retried(tiny_model_path: Path) -> None:
+    launcher = FakeLauncher(fail={"bad"})
+    async with EnginePool(max_servers=1, launcher=launcher) as pool:
+        bad = model(tiny_model_path, "bad")
+
+        async def use() -> None:
+            async with pool.lease(bad):
+                pass
+
+        results = await asyncio.gather(use(), use(), return_exceptions=True)
+        assert all(isinstance(r, EngineError) and "does not load" in str(r) for r in results)
+        launcher.fail.clear()
+        await use()  # the failed entry does not block the slot; the next lease starts again
+        assert len(launcher.started) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+async def test_the_pool_starts_a_real_sglang_server_for_a_model_folder(tiny_model_path: Path, resources,
+                                                                       tmp_path: Path) -> None:
+    from agentrl.engine.server import SGLangServerConfig
+
+    spec = EvalSpec.model_validate({"dataset": {"items": [{"prompt": "Say hi.", "answer": "hi"}]},
+                                    "model": {"path": str(tiny_model_path)}, "sampling": {"max_new_tokens": 8},
+                                    "max_turns": 1})
+    async with EnginePool(max_servers=1, server_config=SGLangServerConfig(max_total_tokens=4096),
+                          log_dir=tmp_path) as pool:
+        async with pool.lease(ResolvedModel(label="tiny", path=tiny_model_path)) as lease:
+            result = await run_eval(spec, engine=lease.engine, tokenizer=lease.tokenizer, resources=resources)
+        assert result.status == "succeeded" and result.metrics["num_samples"] == 1 and pool.started == 1
+        assert list(tmp_path.glob("sglang-*.log"))
