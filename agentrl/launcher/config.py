@@ -23,7 +23,8 @@ class _Section(BaseModel):
 class EngineSection(_Section):
     """The SGLang server(s). ``url``: use a running server instead of starting one."""
 
-    url: str | None = None
+    url: str | None = None  # one URL, or several separated by commas (a pool of running servers)
+    num_servers: int = Field(1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: str = "float32"
     max_total_tokens: int | None = 16384
@@ -62,7 +63,8 @@ class RolloutSection(_Section):
     groups_per_step: int = Field(4, ge=1)  # prompts per trainer step
     max_staleness: int = Field(0, ge=0)  # η; 0 = synchronous
     max_running_groups: int = Field(8, ge=1)
-    update_mode: Literal["drain", "interrupt"] = "interrupt"
+    update_mode: Literal["drain", "interrupt", "abort_restart"] = "interrupt"
+    pause_mode: Literal["abort", "retract", "in_place"] = "retract"  # how update_mode "interrupt" pauses SGLang
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(128, ge=1)  # per model turn
@@ -97,6 +99,16 @@ class ResourcesSection(_Section):
     max_trainer_restarts: int = Field(2, ge=0)
 
 
+class MonitorSection(_Section):
+    """Live progress (rich, on a terminal), Prometheus ``/metrics`` on 127.0.0.1 (port 0: any free port; null:
+    off), TensorBoard event files in ``runs/<name>/tensorboard``."""
+
+    live: bool = True
+    prometheus_port: int | None = 0
+    tensorboard: bool = True
+    interval_s: float = Field(2.0, gt=0)
+
+
 class RunConfig(_Section):
     name: str = ""
     runs_dir: str = "runs"
@@ -114,6 +126,7 @@ class RunConfig(_Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     trainer: dict[str, Any] = Field(default_factory=dict)  # agentrl.trainer.TrainerConfig minus `model`
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    monitor: MonitorSection = Field(default_factory=MonitorSection)
 
     @field_validator("trainer")
     @classmethod

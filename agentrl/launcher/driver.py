@@ -27,6 +27,7 @@ from typing import Any
 from agentrl.env import default_registry
 from agentrl.errors import TrainerError
 from agentrl.launcher.config import RunConfig, save_config
+from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.resources import sft_traces_file
 from agentrl.models import resolve_model
 from agentrl.queue import connect_redis
@@ -206,22 +207,33 @@ async def run_training(cfg: RunConfig) -> dict[str, Any]:
         stack.callback(ray.kill, rollout)
         stack.push_async_callback(_aclose_actor, rollout)
         engine_url = await _first(rollout.start.remote(), trainers)
+        m = cfg.monitor
+        monitor = RunMonitor(run_dir, cfg.steps, live=m.live, prometheus_port=m.prometheus_port,
+                             tensorboard=m.tensorboard, interval_s=m.interval_s)
+        stack.callback(monitor.close)
+        follow = asyncio.ensure_future(monitor.follow(rollout))
+        stack.callback(follow.cancel)
         heldout = cfg.data.num_heldout > 0
         if heldout and cfg.sft.enabled:
             evals["before"] = await _first(rollout.evaluate_heldout.remote("before"), trainers)
         await _first(rollout.load_version.remote(0), trainers)
         if heldout:
             evals["sft"] = await _first(rollout.evaluate_heldout.remote("sft"), trainers)
+        t_rl = time.monotonic()
         rollout_stats = await _first(
             rollout.run.remote(cfg.steps * cfg.rollout.groups_per_step, cfg.steps), trainers)
         await trainers.wait()
+        rl_wall_s = time.monotonic() - t_rl
         if heldout:
             evals["after"] = await rollout.evaluate_heldout.remote("after")
         served = await rollout.weight_version.remote()
         left = await rollout.queue_length.remote()
+        monitor.update(await rollout.progress.remote())
         summary = summarize(cfg, run_dir, rollout_stats=rollout_stats, evals=evals, served_version=served,
                             engine_url=engine_url, queue_left=left, trainer_restarts=trainers.restarts,
                             wall_time_s=time.monotonic() - t_start)
+        summary["metrics_url"] = monitor.metrics_url
+        summary["rl_wall_s"] = round(rl_wall_s, 2)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(run_dir, summary)
     logger.info("run %s done: final version %s, reward %s → %s", cfg.name, summary["final_weight_version"],

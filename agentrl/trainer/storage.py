@@ -208,6 +208,14 @@ def _write_safetensors(sd: dict[str, torch.Tensor], out: Path) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
 
 
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Tokenizer files never change between versions: hard-link them (no copy) when on the same filesystem."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | None = None) -> Path:
     """Write the current weights as an HF folder: safetensors, config, generation config, tokenizer files.
 
@@ -223,7 +231,7 @@ def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | 
         tmp.mkdir()
         for f in source.iterdir():
             if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != "config.json":
-                shutil.copy2(f, tmp / f.name)
+                _link_or_copy(f, tmp / f.name)
         if dtype is not None:
             sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
         _write_safetensors(sd, tmp)

@@ -1,0 +1,56 @@
+"""Async vs synchronous RL, same steps, same work: wall-clock of the RL phase.
+
+sync  = η 0: rollout for step k waits for version k-1, the trainer waits for the rollout (strictly alternating);
+async = η 1: rollout of step k+1 overlaps training of step k.
+Rollout (with its SGLang server) is pinned to core 0 and the trainer to core 1, so each side has its own
+resources as on a cluster. Model: SmolLM2-135M-Instruct without SFT (timing only). Last line:
+``async_speedup=… sync_s=… async_s=…`` (target ≥ 1.6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+
+from agentrl.launcher.config import load_config
+from agentrl.launcher.driver import run_training
+
+
+def config(runs: str, name: str, eta: int, steps: int, model: str) -> dict:
+    return {
+        "name": name, "runs_dir": runs, "model": model, "steps": steps, "seed": 0,
+        "sft": {"enabled": False},
+        "data": {"train": "rl", "num_heldout": 0},
+        "rollout": {"n_samples": 4, "groups_per_step": 4, "max_staleness": eta, "max_running_groups": 8,
+                    "max_new_tokens": 64, "max_turns": 2, "max_response_tokens": 128, "max_context_tokens": 512,
+                    "temperature": 1.0, "update_mode": "interrupt"},
+        "env": {"name": "retool", "options": {"format_weight": 0.1}},
+        "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 4096},
+        "resources": {"rollout_cores": [0], "trainer_cores": [1]},
+        "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
+        "log_rollouts": "none",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    args = ap.parse_args()
+    out = {}
+    with tempfile.TemporaryDirectory() as runs:
+        for mode, eta in (("sync", 0), ("async", 1)):
+            cfg = load_config(None, base=config(runs, mode, eta, args.steps, args.model))
+            summary = asyncio.run(run_training(cfg))
+            out[mode] = summary
+            print(f"{mode:6s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
+                  f"staleness_max={summary['staleness_max']}  tokens={summary['rollout_model_tokens']}", flush=True)
+    sync_s, async_s = out["sync"]["rl_wall_s"], out["async"]["rl_wall_s"]
+    print(json.dumps({k: {kk: v[kk] for kk in ("rl_wall_s", "staleness_mean", "staleness_max")} for k, v in out.items()}))
+    print(f"async_speedup={sync_s / async_s:.2f} sync_s={sync_s:.1f} async_s={async_s:.1f}")
+
+
+if __name__ == "__main__":
+    main()
