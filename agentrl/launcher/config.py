@@ -111,6 +111,7 @@ class MonitorSection(_Section):
 
 class RunConfig(_Section):
     name: str = ""
+    imports: list[str] = Field(default_factory=list)  # modules or .py files to import first (they register envs)
     runs_dir: str = "runs"
     seed: int = 0
     model: str = "tiny"
@@ -137,6 +138,18 @@ class RunConfig(_Section):
             raise ValueError("set the model at the top level (`model:`), not in the trainer section")
         TrainerConfig(model="-", **value)
         return value
+
+    def with_absolute_paths(self) -> RunConfig:
+        """Relative file paths (imports, datasets, runs_dir) made absolute against the current directory, so
+        processes started elsewhere (Ray workers) see the same files."""
+        def absolute(value: str) -> str:
+            p = Path(value)
+            return str(p.resolve()) if not p.is_absolute() and (p.suffix in (".py", ".jsonl") or p.exists()) else value
+
+        data = self.data.model_copy(update={"train": absolute(self.data.train),
+                                            "heldout": absolute(self.data.heldout)})
+        return self.model_copy(update={"imports": [absolute(i) for i in self.imports], "data": data,
+                                       "runs_dir": str(Path(self.runs_dir).resolve())})
 
     def run_dir(self) -> Path:
         return Path(self.runs_dir) / self.name

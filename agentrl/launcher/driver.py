@@ -28,7 +28,7 @@ from agentrl.env import default_registry
 from agentrl.errors import TrainerError
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.monitor import RunMonitor
-from agentrl.launcher.resources import sft_traces_file
+from agentrl.launcher.resources import load_imports, sft_traces_file
 from agentrl.models import resolve_model
 from agentrl.queue import connect_redis
 from agentrl.tokenizer import ChatTokenizer
@@ -184,7 +184,8 @@ async def run_training(cfg: RunConfig) -> dict[str, Any]:
     """Run a whole training job as configured; returns (and writes) ``summary.json``."""
     from agentrl.launcher.report import summarize, write_report
 
-    cfg = cfg.with_default_name()
+    cfg = cfg.with_default_name().with_absolute_paths()
+    load_imports(cfg.imports)
     run_dir = cfg.run_dir().resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")

@@ -18,6 +18,33 @@ from agentrl.tokenizer import ChatTokenizer, tokenize_trace
 from agentrl.types import Task
 
 
+def load_imports(imports: list[str]) -> None:
+    """Import user modules (``pkg.module``) or files (``path/to/file.py``) so their decorators register
+    environments and tools in this process. Each file is imported once per process."""
+    import importlib
+    import importlib.util
+    import sys
+
+    for ref in imports:
+        if ref.endswith(".py"):
+            path = Path(ref)
+            if not path.exists():
+                raise ConfigError(f"imports: {ref} does not exist")
+            name = f"agentrl_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(ref)
+            except ImportError as exc:
+                raise ConfigError(f"imports: cannot import {ref!r}: {exc}") from exc
+
+
 def load_jsonl_tasks(path: Path) -> list[Task]:
     """A dataset file: one JSON object per line with ``prompt`` and ``answer`` (``id`` optional)."""
     tasks = []

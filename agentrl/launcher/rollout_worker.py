@@ -6,6 +6,7 @@ it runs the :class:`RolloutScheduler` and the held-out evaluations. Trajectories
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -16,13 +17,13 @@ from typing import Any
 
 from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
 from agentrl.data import arithmetic
-from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
+from agentrl.engine import EnginePool, SamplingParams, SGLangServer, SGLangServerConfig, pool_configs
 from agentrl.engine.recording import RecordingEngine
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.evaluate import EvalOutcome, evaluate
-from agentrl.launcher.resources import make_env_resources, tasks_from
+from agentrl.launcher.resources import load_imports, make_env_resources, tasks_from
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.tokenizer import ChatTokenizer
@@ -65,7 +66,7 @@ class RolloutWorker:
         self.run_dir = Path(run_dir)
         self.redis_url = redis_url
         self._stack = AsyncExitStack()
-        self.client: SGLangClient | None = None
+        self.client: EnginePool | None = None
         self.engine: Any = None
         self.resources: EnvResources | None = None
         self.scheduler: RolloutScheduler | None = None
@@ -73,15 +74,21 @@ class RolloutWorker:
     async def start(self) -> str:
         """Start everything the rollout side needs; returns the engine URL."""
         cfg, stack = self.cfg, self._stack
+        load_imports(cfg.imports)  # user environments register in this process too
         if cfg.resources.rollout_cores is not None:
             os.sched_setaffinity(0, set(cfg.resources.rollout_cores))  # the SGLang child inherits it
         base_model = resolve_model(cfg.model)
         self.tok = ChatTokenizer.from_pretrained(base_model)
         handle = await connect_redis(self.redis_url)
         stack.push_async_callback(handle.aclose)
-        url = cfg.engine.url or await self._start_server(base_model)
-        self.client = SGLangClient(url)
-        stack.push_async_callback(self.client.aclose)
+        if cfg.engine.url:
+            members: list[Any] = [u.strip() for u in cfg.engine.url.split(",") if u.strip()]
+        else:
+            members = await self._start_servers(base_model)
+        self.client = EnginePool(members, on_restart=lambda s: record_process(self.run_dir, s.name, s.pid))
+        self.client.start()
+        stack.push_async_callback(self.client.aclose)  # also stops the servers it restarted
+        url = ",".join(self.client.urls)
         self.engine = self.client
         if cfg.engine.record_requests:
             self.engine = RecordingEngine(self.client, self.run_dir / "engine_requests.jsonl")
@@ -94,22 +101,26 @@ class RolloutWorker:
         await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
         return url
 
-    async def _start_server(self, model: Path) -> str:
+    async def _start_servers(self, model: Path) -> list[SGLangServer]:
+        """``engine.num_servers`` SGLang servers, started side by side (on GPU each on its own devices)."""
         e = self.cfg.engine
-        server = SGLangServer(
-            SGLangServerConfig(model_path=str(model), device=e.device, dtype=e.dtype,
-                               max_total_tokens=e.max_total_tokens, context_length=e.context_length,
-                               tp_size=e.tp_size, python=e.python or sys.executable,
-                               startup_timeout_s=e.startup_timeout_s, extra_args=e.extra_args),
-            log_path=self.run_dir / "logs" / "sglang.log",
-        )
-        self._stack.callback(server.stop)
-        server.start_background()
-        if server.pid is not None:
-            record_process(self.run_dir, "sglang", server.pid)
-        await server.wait_ready_async()
-        logger.info("starting sglang on %s: ready", server.url)
-        return server.url
+        base = SGLangServerConfig(model_path=str(model), device=e.device, dtype=e.dtype,
+                                  max_total_tokens=e.max_total_tokens, context_length=e.context_length,
+                                  tp_size=e.tp_size, python=e.python or sys.executable,
+                                  startup_timeout_s=e.startup_timeout_s, extra_args=e.extra_args)
+        configs = pool_configs(base, e.num_servers)
+        servers = []
+        for i, config in enumerate(configs):
+            name = "sglang" if len(configs) == 1 else f"sglang-{i}"
+            server = SGLangServer(config, name=name, log_path=self.run_dir / "logs" / f"{name}.log")
+            self._stack.callback(server.stop)
+            server.start_background()
+            if server.pid is not None:
+                record_process(self.run_dir, name, server.pid)
+            servers.append(server)
+        await asyncio.gather(*(s.wait_ready_async() for s in servers))
+        logger.info("sglang ready on %s", ", ".join(s.url for s in servers))
+        return servers
 
     def _runner(self, *, temperature: float | None = None) -> EpisodeRunner:
         r = self.cfg.rollout
@@ -155,7 +166,8 @@ class RolloutWorker:
             tasks=tasks_from(self.cfg.data.train, seed=self.cfg.seed), sink=self.queue, weights=self.registry,
             config=RolloutConfig(n_samples=r.n_samples, groups_per_step=r.groups_per_step,
                                  max_staleness=r.max_staleness, max_running_groups=r.max_running_groups,
-                                 update_mode=r.update_mode, drop_uniform_groups=r.drop_uniform_groups),
+                                 update_mode=r.update_mode, pause_mode=r.pause_mode,
+                                 drop_uniform_groups=r.drop_uniform_groups),
             initial_version=await self.client.weight_version(),
             on_group=RolloutLog(self.run_dir / "rollouts.jsonl", self.cfg.log_rollouts)
             if self.cfg.log_rollouts != "none" else None,
@@ -163,6 +175,10 @@ class RolloutWorker:
         stats = await self.scheduler.run(total_groups=total_groups, final_version=final_version)
         return {"trajectories_produced": stats.trajectories_queued, "groups_queued": stats.groups_queued,
                 "groups_failed": stats.groups_failed, "groups_filtered": stats.groups_filtered,
+                "groups_dropped_stale": stats.groups_dropped_stale,
+                "groups_restarted_stale": stats.groups_restarted_stale,
+                "episodes_restarted": stats.episodes_restarted, "staleness_max_queued": stats.staleness_max,
+                "engine_restarts": sum(m.restarts for m in self.client.stats()) if self.client else 0,
                 "model_tokens": stats.model_tokens, "versions_loaded": stats.versions_loaded,
                 "reload_s_mean": sum(stats.reload_s) / len(stats.reload_s) if stats.reload_s else None}
 
