@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -100,6 +100,11 @@ class AsyncEvalClient:
                 yield record
             offset = page["next_offset"]
 
+    async def list_evals(self, *, limit: int = 50, status: str | None = None) -> list[dict[str, Any]]:
+        """Recent tasks, newest first (without their specs)."""
+        params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
+        return list((await self._get("/v1/evals", **params))["evals"])
+
     async def cancel(self, eval_id: str) -> dict[str, Any]:
         try:
             return dict(_parse(await self._http.delete(f"/v1/evals/{eval_id}")))
@@ -129,7 +134,7 @@ class AsyncEvalClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> AsyncEvalClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -176,6 +181,10 @@ class EvalClient:
             yield from page["records"]
             offset = page["next_offset"]
 
+    def list_evals(self, *, limit: int = 50, status: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
+        return list(self._get("/v1/evals", **params)["evals"])
+
     def cancel(self, eval_id: str) -> dict[str, Any]:
         try:
             return dict(_parse(self._http.delete(f"/v1/evals/{eval_id}")))
@@ -204,7 +213,7 @@ class EvalClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> EvalClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

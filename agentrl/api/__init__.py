@@ -8,5 +8,15 @@ from agentrl.api.base import TOKEN_ENV, ApiSettings, TaskLost, TaskNotFound, Tas
 from agentrl.api.store import TaskRecord, TaskStore
 from agentrl.api.worker import EvalWorkers
 
-__all__ = ["ApiSettings", "BodyLimit", "EvalWorkers", "TOKEN_ENV", "TaskLost", "TaskNotFound", "TaskRecord",
-           "TaskStatus", "TaskStore", "create_app"]
+__all__ = [
+           "TOKEN_ENV",
+           "ApiSettings",
+           "BodyLimit",
+           "EvalWorkers",
+           "TaskLost",
+           "TaskNotFound",
+           "TaskRecord",
+           "TaskStatus",
+           "TaskStore",
+           "create_app",
+]

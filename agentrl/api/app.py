@@ -221,6 +221,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             raise HTTPException(404, f"no evaluation task {eval_id!r}")
         if before in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
             raise HTTPException(409, f"evaluation task {eval_id} already {before.value}; nothing to cancel")
+        s.workers.cancelled(eval_id)
         t = await s.store.get(eval_id)
         assert t is not None
         return EvalState.of(t)

@@ -44,24 +44,24 @@ class ApiSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    token: str | None = Field(None, description=f"bearer token required on /v1 routes (default ${TOKEN_ENV})")
-    redis_url: str | None = Field(None, description="external Redis; default $AGENTRL_REDIS_URL, else embedded")
-    data_dir: Path = Field(Path("runs/_api"), description="embedded Redis data and server logs")
-    namespace: str = Field("{agentrl-evals}", min_length=1,
+    token: str | None = Field(default=None, description=f"bearer token required on /v1 routes (default ${TOKEN_ENV})")
+    redis_url: str | None = Field(default=None, description="external Redis; default $AGENTRL_REDIS_URL, else embedded")
+    data_dir: Path = Field(default=Path("runs/_api"), description="embedded Redis data and server logs")
+    namespace: str = Field(default="{agentrl-evals}", min_length=1,
                            description="Redis key prefix (the braces keep every key in one cluster slot)")
-    max_body_bytes: int = Field(8 << 20, ge=1024)
-    max_tasks: int = Field(2, ge=0, description="tasks this process runs at once (0: only accept and queue)")
-    max_episodes: int = Field(16, ge=1, description="episodes running at once over all tasks")
-    max_servers: int = Field(1, ge=1, description="SGLang servers the service starts at most")
-    max_inflight: int = Field(64, ge=1, description="generate calls in flight per server")
+    max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    max_tasks: int = Field(default=2, ge=0, description="tasks this process runs at once (0: only accept and queue)")
+    max_episodes: int = Field(default=16, ge=1, description="episodes running at once over all tasks")
+    max_servers: int = Field(default=1, ge=1, description="SGLang servers the service starts at most")
+    max_inflight: int = Field(default=64, ge=1, description="generate calls in flight per server")
     sandbox_backend: str = "local"
     sandbox_options: dict[str, Any] = Field(default_factory=dict)
-    max_sandbox: int = Field(8, ge=1, description="sandboxed programs running at once")
-    verifier_workers: int = Field(1, ge=1)
-    lease_s: float = Field(30.0, gt=0, description="a task whose worker stops heartbeating is re-queued after this")
-    max_attempts: int = Field(3, ge=1, description="a task interrupted this many times fails")
-    poll_s: float = Field(0.5, gt=0, description="how often idle workers look for queued tasks")
-    runs_dir: Path = Field(Path("runs"), description="where training runs (and their weight versions) live")
+    max_sandbox: int = Field(default=8, ge=1, description="sandboxed programs running at once")
+    verifier_workers: int = Field(default=1, ge=1)
+    lease_s: float = Field(default=30.0, gt=0, description="a task whose worker stops heartbeating is re-queued after this")
+    max_attempts: int = Field(default=3, ge=1, description="a task interrupted this many times fails")
+    poll_s: float = Field(default=0.5, gt=0, description="how often idle workers look for queued tasks")
+    runs_dir: Path = Field(default=Path("runs"), description="where training runs (and their weight versions) live")
     dataset_dirs: list[Path] = Field(default_factory=lambda: [Path(".")],
                                      description="server-side dataset files must lie under one of these")
     sglang: dict[str, Any] = Field(default_factory=dict,

@@ -6,11 +6,12 @@ Plain typer command functions; ``agentrl.cli`` mounts them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 import yaml
@@ -106,7 +107,8 @@ def eval_command(
         if server:
             state = _remote(spec, server, token, out, wait)
         else:
-            state = asyncio.run(_local(spec, out, sandbox, runs_dir))
+            with open(out, "w") if out is not None else contextlib.nullcontext() as records:
+                state = asyncio.run(_local(spec, records, sandbox, runs_dir))
     except AgentRLError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
@@ -135,15 +137,12 @@ def _remote(spec: Any, server: str, token: str | None, out: Path | None, wait: b
         sys.stderr.write("\n")
         if out is not None:
             with open(out, "w") as f:
-                for record in client.iter_results(eval_id):
-                    f.write(json.dumps(record) + "\n")
+                f.writelines(json.dumps(record) + "\n" for record in client.iter_results(eval_id))
         return {k: state[k] for k in ("id", "status", "progress", "metrics", "error")}
 
 
-async def _local(spec: Any, out: Path | None, sandbox: str, runs_dir: Path) -> dict[str, Any]:
+async def _local(spec: Any, records: IO[str] | None, sandbox: str, runs_dir: Path) -> dict[str, Any]:
     from agentrl.eval.services import EvalServices
-
-    records = open(out, "w") if out is not None else None  # noqa: SIM115 - closed below
 
     async def write(record: Any) -> None:
         if records is not None:
@@ -153,11 +152,10 @@ async def _local(spec: Any, out: Path | None, sandbox: str, runs_dir: Path) -> d
         sys.stderr.flush()
 
     try:
-        async with await EvalServices.create(sandbox_backend=sandbox, runs_dir=runs_dir) as services:
+        async with await EvalServices.create(sandbox_backend=sandbox, runs_dir=runs_dir,
+                                             log_dir=runs_dir / "_eval" / "logs") as services:
             result = await services.evaluate(spec, on_record=write, keep_records=False)
     finally:
-        if records is not None:
-            records.close()
         sys.stderr.write("\n")
     return {"status": result.status, "progress": {"done": result.done, "total": result.total},
             "metrics": result.metrics, "wall_time_s": result.wall_time_s}

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.api.base import TaskStatus
 from agentrl.api.store import TaskRecord
 
-_METRICS_EXAMPLE = {
+_METRICS_EXAMPLE: dict[str, Any] = {
     "num_items": 1, "num_samples": 4, "num_errors": 0, "mean_reward": 0.5, "accuracy": 0.5, "pass@1": 0.5,
     "pass@4": 1.0, "mean_turns": 1.75, "mean_tool_calls": 0.75, "tool_calls": 3, "tool_errors": 1,
     "tool_error_rate": 0.333, "mean_prompt_tokens": 96.0, "mean_response_tokens": 140.5,
@@ -26,7 +26,7 @@ class Links(BaseModel):
 class Progress(BaseModel):
     done: int = Field(description="samples finished (ok or error)")
     total: int = Field(description="items x samples_per_item")
-    errors: int = Field(0, description="samples whose infrastructure failed (left out of the metrics)")
+    errors: int = Field(default=0, description="samples whose infrastructure failed (left out of the metrics)")
     fraction: float = 0.0
 
 
@@ -57,7 +57,7 @@ class EvalState(BaseModel):
     name: str = ""
     status: TaskStatus
     progress: Progress
-    metrics: dict[str, Any] | None = Field(None, description="see agentrl.eval.metrics; None before any sample")
+    metrics: dict[str, Any] | None = Field(default=None, description="see agentrl.eval.metrics; None before any sample")
     error: str | None = None
     attempts: int = 0
     created_at: float
@@ -89,7 +89,16 @@ class ResultsPage(BaseModel):
             "num_tool_calls": 1, "num_tool_errors": 0, "prompt_tokens": 96, "response_tokens": 60,
             "model_tokens": 48, "duration_s": 1.9, "attempts": 1, "prompt": "What is 17 * 23 + 5?",
             "answer": "396", "response": "<code>print(17*23+5)</code>The answer is \\boxed{396}.", "error": None,
-            "trajectory": {"trajectory_id": "…", "token_ids": [1, 2, 3], "loss_mask": [0, 0, 1]}}]}]})
+            "trajectory": {"trajectory_id": "3f2c0b6e9d4a-0-0", "prompt_len": 96, "token_ids": [1, 9690, "…"],
+                           "loss_mask": [0, 0, "…"], "behavior_logprobs": [0.0, 0.0, "…"],
+                           "weight_versions": [-1, -1, "…"], "reward": 1.0, "finish_reason": "stop",
+                           "turns": [{"index": 0, "text": "<code>print(17*23+5)</code>", "token_start": 96,
+                                      "token_end": 112, "observation_len": 12,
+                                      "tool_calls": [{"name": "python", "arguments": {"code": "print(17*23+5)"},
+                                                      "raw": "<code>print(17*23+5)</code>", "error": None}],
+                                      "tool_results": [{"name": "python", "status": "Finished",
+                                                        "output": "396", "latency_s": 0.02}],
+                                      "generate_s": 0.4, "tool_s": 0.02}]}}]}]})
 
     id: str
     status: TaskStatus

@@ -44,7 +44,7 @@ class TaskRecord:
     worker: str | None
 
     @classmethod
-    def parse(cls, task_id: str, h: dict[bytes, bytes]) -> TaskRecord:
+    def parse(cls, task_id: str, h: Any) -> TaskRecord:
         s = {k.decode(): v.decode() for k, v in h.items()}
 
         def num(key: str) -> float | None:
@@ -90,7 +90,7 @@ class TaskStore:
         """Store a new queued task and its dataset; returns its id."""
         task_id = uuid.uuid4().hex
         now = time.time()
-        fields = {"status": TaskStatus.QUEUED.value, "spec": json.dumps(spec), "total": total, "done": 0,
+        fields: dict[Any, Any] = {"status": TaskStatus.QUEUED.value, "spec": json.dumps(spec), "total": total, "done": 0,
                   "errors": 0, "attempts": 0, "created_at": repr(now)}
 
         async def write() -> None:
@@ -111,7 +111,8 @@ class TaskStore:
     async def list_tasks(self, *, limit: int = 50, status: TaskStatus | None = None) -> list[TaskRecord]:
         """Newest first; with ``status``, among the newest ``10 * limit`` tasks."""
         scan = limit if status is None else 10 * limit
-        ids = [i.decode() for i in await self._do(lambda: self.r.zrevrange(self._index, 0, scan - 1))]
+        raw: list[Any] = await self._do(lambda: self.r.zrevrange(self._index, 0, scan - 1))
+        ids = [bytes(i).decode() for i in raw]
 
         async def fetch() -> list[Any]:
             async with self.r.pipeline(transaction=False) as p:

@@ -2,7 +2,7 @@
 
     slot 1..max_tasks:  claim ─► load spec, dataset, stored records ─► run_eval (skips stored samples)
                           │           │ every record ─► Redis (fenced: only the lease holder may write)
-                          │           └ heartbeat every lease_s/3: renew lease, store partial metrics,
+                          │           └ heartbeat every min(lease_s/3, 5 s): renew the lease, store metrics,
                           │             stop if the task was cancelled or taken over
                           └─► finish (succeeded | failed | cancelled) ─► claim the next one
     reaper:             every lease_s/2, re-queue running tasks whose lease expired (their worker died)
@@ -64,6 +64,7 @@ class EvalWorkers:
         self._wake = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self.running: dict[str, asyncio.Task[None]] = {}
+        self._cancels: dict[str, asyncio.Event] = {}
 
     async def start(self) -> EvalWorkers:
         loop = asyncio.get_running_loop()
@@ -76,6 +77,12 @@ class EvalWorkers:
     def wake(self) -> None:
         """A task was queued: idle slots look now instead of at their next poll."""
         self._wake.set()
+
+    def cancelled(self, task_id: str) -> None:
+        """A task was cancelled: if this process runs it, stop it now (others see it at their next heartbeat)."""
+        event = self._cancels.get(task_id)
+        if event is not None:
+            event.set()
 
     async def aclose(self) -> None:
         """Stop; running tasks go back to the queue (resumed later from their stored records)."""
@@ -107,6 +114,8 @@ class EvalWorkers:
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
                 raise
+            except Exception:  # a bug: log it and keep the slot serving (the task's lease expires)
+                logger.exception("eval slot %d: task %s crashed", index, task_id)
             finally:
                 self.running.pop(task_id, None)
 
@@ -137,7 +146,7 @@ class EvalWorkers:
             return
         logger.info("eval task %s: running (%d of %d samples already stored)", task_id, len(done), rec.total)
         progress = _Progress(pass_k=spec.pass_k, records=list(done))
-        cancel = asyncio.Event()
+        cancel = self._cancels[task_id] = asyncio.Event()
         beat = asyncio.get_running_loop().create_task(self._heartbeat(task_id, cancel, progress))
 
         async def on_record(record: SampleRecord) -> None:
@@ -165,11 +174,12 @@ class EvalWorkers:
             await self._finish(task_id, status, result.metrics, None)
             logger.info("eval task %s: %s", task_id, status.value)
         finally:
+            self._cancels.pop(task_id, None)
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
 
     async def _heartbeat(self, task_id: str, cancel: asyncio.Event, progress: _Progress) -> None:
-        period = max(0.1, self.settings.lease_s / 3)
+        period = max(0.1, min(5.0, self.settings.lease_s / 3))
         while True:
             await asyncio.sleep(period)
             try:

@@ -16,13 +16,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import aiohttp
 
 from agentrl.engine.base import GenerateResult, InferenceEngine, SamplingParams
 from agentrl.engine.client import SGLangClient
-from agentrl.engine.server import SGLangServer, SGLangServerConfig
+from agentrl.engine.server import SGLangServer, SGLangServerConfig, wait_healthy
 from agentrl.errors import ConfigError, EngineError
 from agentrl.eval.base import SpecError
 from agentrl.eval.spec import ModelSpec
@@ -68,8 +68,8 @@ def resolve_model_spec(spec: ModelSpec, *, runs_dir: Path) -> ResolvedModel:
     if spec.url is not None:
         return ResolvedModel(label=spec.url, url=spec.url.rstrip("/"), tokenizer=spec.tokenizer)
     if spec.run is not None and spec.version is not None:
-        path = weights_dir(runs_dir, spec.run, spec.version)
-        return ResolvedModel(label=f"{spec.run}@v{spec.version}", path=path.resolve(), tokenizer=spec.tokenizer,
+        path = weights_dir(runs_dir, spec.run, spec.version).absolute()  # not resolved: its own server
+        return ResolvedModel(label=f"{spec.run}@v{spec.version}", path=path, tokenizer=spec.tokenizer,
                              weight_version=spec.version)
     name = spec.name if spec.name is not None else str(spec.path)
     return ResolvedModel(label=name, path=resolve_model(name).resolve(), tokenizer=spec.tokenizer)
@@ -98,7 +98,8 @@ class LimitedEngine:
 
 
 class RunningServer(Protocol):
-    url: str
+    @property
+    def url(self) -> str: ...
 
     def stop(self) -> None: ...
 
@@ -215,13 +216,16 @@ class EnginePool:
     async def _start(self, entry: _Entry, model: ResolvedModel) -> None:
         try:
             if model.url is not None:
+                if not await wait_healthy(model.url, timeout_s=10.0):
+                    raise EngineError(f"no SGLang server answers at {model.url} (GET /health failed); start it or "
+                                      "fix model.url")
                 result: tuple[SGLangClient, RunningServer | None] = (SGLangClient(model.url), None)
             else:
                 assert model.path is not None
                 server = await self._launch(model.path)
                 self.started += 1
                 result = (SGLangClient(server.url), server)
-        except Exception as exc:  # handed to every waiter of this entry
+        except Exception as exc:  # noqa: BLE001 - handed to every waiter of this entry
             err = exc if isinstance(exc, EngineError) else EngineError(f"could not start a server for "
                                                                        f"{model.label}: {exc!r}")
             entry.ready.set_exception(err)
@@ -260,7 +264,7 @@ class EnginePool:
             self._changed.notify_all()
         await asyncio.gather(*(_stop_entry(e) for e in entries), return_exceptions=True)
 
-    async def __aenter__(self) -> EnginePool:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -270,7 +274,7 @@ class EnginePool:
 async def _stop_entry(entry: _Entry) -> None:
     try:
         result = await entry.ready
-    except Exception:
+    except Exception:  # noqa: BLE001 - it never started: nothing to stop
         return
     await _stop_entry_result(result)
 
@@ -285,9 +289,9 @@ async def _stop_entry_result(result: tuple[SGLangClient, RunningServer | None]) 
 async def _served_model_path(url: str, timeout_s: float = 10.0) -> str:
     """The model folder a running SGLang server reports (its tokenizer is what we encode with)."""
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
-            async with http.get(url + "/get_model_info") as resp:
-                info = await resp.json(content_type=None) if resp.status == 200 else {}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http, \
+                http.get(url + "/get_model_info") as resp:
+            info = await resp.json(content_type=None) if resp.status == 200 else {}
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise EngineError(f"cannot reach the SGLang server at {url} ({exc!r}); is it running?") from exc
     for key in ("tokenizer_path", "model_path"):

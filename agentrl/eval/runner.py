@@ -8,6 +8,7 @@ run again and count in the metrics. It stops early, with the records so far, whe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -79,10 +80,12 @@ def to_record(job: _Job, traj: Trajectory, *, threshold: float, attempts: int, d
 
 
 def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
+    """``Trajectory.to_dict()`` for JSON readers: turns as objects with named fields, NaN/inf as null."""
     d = traj.to_dict()
-    d["behavior_logprobs"] = [finite(x) for x in d["behavior_logprobs"]]  # type: ignore[union-attr]
+    d["behavior_logprobs"] = [finite(x) for x in traj.behavior_logprobs]
     d["reward"] = finite(traj.reward)
     d["reward_breakdown"] = {k: finite(v) for k, v in traj.reward_breakdown.items()}
+    d["turns"] = [dataclasses.asdict(t) for t in traj.turns]
     return d
 
 
@@ -91,9 +94,10 @@ class _Run:
 
     def __init__(self, spec: EvalSpec, engine: InferenceEngine, tokenizer: ChatTokenizer, resources: EnvResources,
                  registry: Registry, on_record: RecordCallback | None, limiter: asyncio.Semaphore | None,
-                 id_prefix: str) -> None:
+                 id_prefix: str, keep_records: bool) -> None:
         self.spec, self.engine, self.tok, self.resources, self.registry = spec, engine, tokenizer, resources, registry
         self.on_record, self.limiter, self.id_prefix = on_record, limiter, id_prefix
+        self.keep_records = keep_records  # False: trajectories are not held in memory (on_record has them)
         self.records: list[SampleRecord] = []
         self.failed_in_a_row = 0
         self.local = asyncio.Semaphore(spec.max_concurrency)
@@ -149,7 +153,7 @@ class _Run:
         self.failed_in_a_row = 0 if record.ok else self.failed_in_a_row + 1
         if self.on_record is not None:
             await self.on_record(record)
-        self.records.append(record)
+        self.records.append(record if self.keep_records else record.without_trajectory())
         if self.failed_in_a_row >= self.spec.max_consecutive_errors:
             raise TooManyErrors(f"{self.failed_in_a_row} samples failed in a row; the last error: {record.error}")
 
@@ -186,7 +190,7 @@ async def run_eval(spec: EvalSpec, *, engine: InferenceEngine, tokenizer: ChatTo
     await check_environment(spec, resources, registry)
     tasks = list(tasks) if tasks is not None else load_tasks(spec.dataset)
     done = {r.key: r for r in completed}
-    run = _Run(spec, engine, tokenizer, resources, registry, on_record, limiter, id_prefix)
+    run = _Run(spec, engine, tokenizer, resources, registry, on_record, limiter, id_prefix, keep_records)
     jobs = [_Job(i, s, task) for i, task in enumerate(tasks) for s in range(spec.samples_per_item)
             if f"{i}:{s}" not in done]
     work = asyncio.ensure_future(run.all(jobs))
@@ -204,6 +208,5 @@ async def run_eval(spec: EvalSpec, *, engine: InferenceEngine, tokenizer: ChatTo
     cancelled = not finished
     records = [*done.values(), *run.records]
     metrics = compute_metrics(records, spec.pass_k)
-    kept = records if keep_records else [r.without_trajectory() for r in records]
-    return EvalResult(status="cancelled" if cancelled else "succeeded", metrics=metrics, records=tuple(kept),
+    return EvalResult(status="cancelled" if cancelled else "succeeded", metrics=metrics, records=tuple(records),
                       total=len(tasks) * spec.samples_per_item, wall_time_s=round(time.monotonic() - t0, 3))

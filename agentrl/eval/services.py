@@ -17,12 +17,11 @@ from typing import Any, Self
 
 from agentrl.engine.server import SGLangServerConfig
 from agentrl.env.registry import EnvResources, Registry, default_registry
-from agentrl.eval.base import EvalResult, RecordCallback, SampleRecord
+from agentrl.eval.base import EvalResult, RecordCallback, SampleRecord, SpecError
 from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
 from agentrl.eval.engines import EnginePool, Launcher, check_model, resolve_model_spec
 from agentrl.eval.runner import check_environment, run_eval
 from agentrl.eval.spec import MAX_SAMPLES, EvalSpec
-from agentrl.eval.base import SpecError
 from agentrl.rewards import MathVerifier
 from agentrl.sandbox import make_sandbox
 from agentrl.types import Task
@@ -73,8 +72,11 @@ class EvalServices:
         Raises :class:`agentrl.eval.SpecError` (or its subclass for an unknown environment)."""
         await check_environment(spec, self.resources, self.registry)
         check_model(spec.model, runs_dir=self.runs_dir)
-        tasks = await asyncio.to_thread(load_tasks, spec.dataset, datasets=self.datasets,
-                                        allowed_dirs=self.dataset_dirs)
+        if spec.dataset.path is not None:  # file reads off the event loop; inline and generated sets are cheap
+            tasks = await asyncio.to_thread(load_tasks, spec.dataset, datasets=self.datasets,
+                                            allowed_dirs=self.dataset_dirs)
+        else:
+            tasks = load_tasks(spec.dataset, datasets=self.datasets)
         if len(tasks) * spec.samples_per_item > MAX_SAMPLES:
             raise SpecError(("dataset",), f"{len(tasks)} items x {spec.samples_per_item} samples is over the limit "
                             f"of {MAX_SAMPLES} episodes: use 'limit' or split the evaluation")

@@ -28,7 +28,7 @@ def _to_str(value: Any) -> Any:
 class EnvironmentSpec(_Strict):
     """A registered environment (see ``GET /v1/environments``) and its constructor options."""
 
-    name: str = Field("retool", min_length=1, max_length=128, description="registered environment name")
+    name: str = Field(default="retool", min_length=1, max_length=128, description="registered environment name")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the environment")
 
 
@@ -38,22 +38,22 @@ class DatasetItem(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"prompt": "What is 17 * 23?",
                                                                                "answer": "391"}]})
 
-    id: str | None = Field(None, max_length=256)
+    id: str | None = Field(default=None, max_length=256)
     prompt: str = Field(min_length=1, max_length=100_000)
-    answer: Annotated[str | None, BeforeValidator(_to_str)] = Field(None, max_length=10_000)
+    answer: Annotated[str | None, BeforeValidator(_to_str)] = Field(default=None, max_length=10_000)
 
 
 class DatasetSpec(_Strict):
     """Exactly one of: inline ``items``, a registered dataset ``name``, or a server-side ``path`` (.jsonl)."""
 
-    items: list[DatasetItem] | None = Field(None, min_length=1, max_length=MAX_ITEMS)
-    name: str | None = Field(None, min_length=1, max_length=128,
+    items: list[DatasetItem] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
+    name: str | None = Field(default=None, min_length=1, max_length=128,
                              description="registered dataset, e.g. 'arithmetic:heldout'; sized by n and seed")
-    path: str | None = Field(None, min_length=1, max_length=4096,
+    path: str | None = Field(default=None, min_length=1, max_length=4096,
                              description="a .jsonl file on the server (one {prompt, answer, ...} per line)")
-    n: int = Field(20, ge=1, le=MAX_ITEMS, description="items drawn from a registered dataset")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of a registered dataset")
-    limit: int | None = Field(None, ge=1, le=MAX_ITEMS, description="keep only the first `limit` items")
+    n: int = Field(default=20, ge=1, le=MAX_ITEMS, description="items drawn from a registered dataset")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="seed of a registered dataset")
+    limit: int | None = Field(default=None, ge=1, le=MAX_ITEMS, description="keep only the first `limit` items")
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
@@ -73,14 +73,14 @@ class ModelSpec(_Strict):
     (``run`` + ``version`` = ``runs/<run>/weights/v<version>``), or the ``url`` of a running SGLang server.
     For all but ``url`` the service starts (and reuses) an SGLang server."""
 
-    name: str | None = Field(None, description=f"bundled model: one of {', '.join(NAMED_MODELS)}")
-    path: str | None = Field(None, min_length=1, max_length=4096, description="a local HF model folder")
-    run: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$",
+    name: str | None = Field(default=None, description=f"bundled model: one of {', '.join(NAMED_MODELS)}")
+    path: str | None = Field(default=None, min_length=1, max_length=4096, description="a local HF model folder")
+    run: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$",
                             description="training run name (its weights are in runs/<run>/weights/)")
-    version: int | None = Field(None, ge=0, le=10**9, description="weight version of `run`")
-    url: str | None = Field(None, min_length=8, max_length=2048, pattern=r"^https?://\S+$",
+    version: int | None = Field(default=None, ge=0, le=10**9, description="weight version of `run`")
+    url: str | None = Field(default=None, min_length=8, max_length=2048, pattern=r"^https?://\S+$",
                             description="a running SGLang server, e.g. http://127.0.0.1:30000")
-    tokenizer: str | None = Field(None, min_length=1, max_length=4096,
+    tokenizer: str | None = Field(default=None, min_length=1, max_length=4096,
                                   description="bundled name or folder of the tokenizer (default: the model's)")
 
     @model_validator(mode="after")
@@ -99,12 +99,13 @@ class ModelSpec(_Strict):
 
 
 class SamplingSpec(_Strict):
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=100_000, description="-1: no top-k")
-    max_new_tokens: int = Field(256, ge=1, le=32_768, description="per model turn")
-    seed: int | None = Field(None, ge=0, le=2**31 - 1,
-                             description="sample s of item i uses seed + i * samples_per_item + s")
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, le=100_000, description="-1: no top-k")
+    max_new_tokens: int = Field(default=256, ge=1, le=32_768, description="per model turn")
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1,
+                             description="sample s of item i uses seed + i * samples_per_item + s (SGLang honours "
+                                         "it when started with --enable-deterministic-inference)")
     stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list, max_length=16,
                                                                            description="extra stop strings")
 
@@ -125,25 +126,25 @@ class EvalSpec(_Strict):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE]})
 
-    name: str = Field("", max_length=200, description="a label for humans")
+    name: str = Field(default="", max_length=200, description="a label for humans")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
     dataset: DatasetSpec
     model: ModelSpec
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    samples_per_item: int = Field(1, ge=1, le=256)
+    samples_per_item: int = Field(default=1, ge=1, le=256)
     pass_k: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16,
                               description="k values of pass@k; each at most samples_per_item")
-    max_turns: int = Field(4, ge=1, le=64)
-    max_response_tokens: int = Field(1024, ge=1, le=131_072, description="model + tool tokens after the prompt")
-    max_context_tokens: int = Field(4096, ge=16, le=131_072)
-    correct_threshold: float = Field(1.0, ge=-1e9, le=1e9,
+    max_turns: int = Field(default=4, ge=1, le=64)
+    max_response_tokens: int = Field(default=1024, ge=1, le=131_072, description="model + tool tokens after the prompt")
+    max_context_tokens: int = Field(default=4096, ge=16, le=131_072)
+    correct_threshold: float = Field(default=1.0, ge=-1e9, le=1e9,
                                      description="a sample is correct when its correctness score is >= this")
-    max_concurrency: int = Field(8, ge=1, le=256, description="episodes of this evaluation running at once")
-    sample_retries: int = Field(1, ge=0, le=5, description="retries of a sample whose infrastructure failed")
-    max_consecutive_errors: int = Field(16, ge=1, le=10_000,
+    max_concurrency: int = Field(default=8, ge=1, le=256, description="episodes of this evaluation running at once")
+    sample_retries: int = Field(default=1, ge=0, le=5, description="retries of a sample whose infrastructure failed")
+    max_consecutive_errors: int = Field(default=16, ge=1, le=10_000,
                                         description="fail the evaluation after this many failed samples in a row")
-    episode_timeout_s: float = Field(600.0, gt=0, le=86_400)
-    keep_trajectories: bool = Field(True, description="store each sample's full trajectory with its record")
+    episode_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    keep_trajectories: bool = Field(default=True, description="store each sample's full trajectory with its record")
     labels: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=32)
 

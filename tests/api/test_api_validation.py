@@ -157,3 +157,15 @@ async def test_queued_tasks_survive_an_api_restart(settings: ApiSettings, start_
     async with httpx.AsyncClient(base_url=second.url) as http:
         state = (await http.get(f"/v1/evals/{eid}")).json()
     assert state["status"] == "queued" and state["progress"]["total"] == 4
+
+
+async def test_a_task_whose_engine_is_unreachable_fails_with_the_reason(settings: ApiSettings, start_api) -> None:
+    from agentrl.client import AsyncEvalClient
+    from agentrl.engine.server import free_port
+
+    server = await start_api(settings.model_copy(update={"max_tasks": 1}))
+    async with AsyncEvalClient(server.url) as client:
+        eval_id = await client.submit(body(f"http://127.0.0.1:{free_port()}"))  # nothing listens there
+        state = await client.wait(eval_id, poll_s=0.1, timeout_s=60)
+    assert state["status"] == "failed" and "no SGLang server answers" in state["error"]
+    assert state["progress"]["done"] == 0 and state["finished_at"] is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
@@ -17,13 +17,13 @@ Script = Callable[[int, int], str | None]
 
 @dataclass
 class ScriptedEngine:
-    """An InferenceEngine answering from a script keyed by the request's seed and the episode's turn."""
+    """An InferenceEngine answering from a script keyed by the request's seed and the episode's turn (the
+    number of ``</interpreter>`` observations in the input so far)."""
 
     tok: Any
     script: Script
     delay_s: float = 0.0
     calls: int = 0
-    turns: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     max_in_flight: int = 0
 
@@ -34,9 +34,7 @@ class ScriptedEngine:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             await asyncio.sleep(self.delay_s)
-            key = sticky_key or ""
-            turn = self.turns.get(key, 0)
-            self.turns[key] = turn + 1
+            turn = self.tok.decode(list(input_ids)).count("\n</interpreter>")  # tool answers so far = the turn
             text = self.script(sampling.seed or 0, turn)
             if text is None:
                 raise EngineError("scripted engine failure")

@@ -67,10 +67,11 @@ async def test_one_server_per_model_reused_and_evicted_when_idle(tiny_model_path
 
 async def test_two_servers_side_by_side(tiny_model_path: Path) -> None:
     launcher = FakeLauncher()
-    async with EnginePool(max_servers=2, launcher=launcher) as pool:
-        async with pool.lease(model(tiny_model_path, "a")) as la, pool.lease(model(tiny_model_path, "b")) as lb:
-            assert la.url != lb.url
-            assert [e["leases"] for e in pool.status()] == [1, 1]
+    pool = EnginePool(max_servers=2, launcher=launcher)
+    async with pool, pool.lease(model(tiny_model_path, "a")) as la, pool.lease(model(tiny_model_path, "b")) as lb:
+        assert la.url != lb.url
+        assert [e["leases"] for e in pool.status()] == [1, 1]
+    assert len(launcher.started) == 2 and all(s.stopped for s in launcher.started)
 
 
 async def test_a_failed_start_is_reported_to_every_waiter_and_retried(tiny_model_path: Path) -> None:
@@ -89,18 +90,40 @@ async def test_a_failed_start_is_reported_to_every_waiter_and_retried(tiny_model
         assert len(launcher.started) == 1
 
 
+async def test_limited_engine_caps_generate_calls(chat_tokenizer) -> None:
+    from eval_support import ScriptedEngine
+
+    from agentrl.engine.base import SamplingParams
+    from agentrl.eval import LimitedEngine
+
+    inner = ScriptedEngine(chat_tokenizer, lambda seed, turn: "hi", delay_s=0.05)
+    engine = LimitedEngine(inner, asyncio.Semaphore(2))
+    await asyncio.gather(*(engine.generate([1, 2], SamplingParams(), sticky_key=str(i)) for i in range(6)))
+    assert inner.calls == 6 and inner.max_in_flight == 2
+    with pytest.raises(EngineError, match="read-only"):
+        await engine.update_weights("/x", 1)
+
+
 @pytest.mark.slow
 @pytest.mark.sglang
-async def test_the_pool_starts_a_real_sglang_server_for_a_model_folder(tiny_model_path: Path, resources,
-                                                                       tmp_path: Path) -> None:
+async def test_a_weight_version_gets_its_own_real_sglang_server(tiny_model_path: Path, resources,
+                                                                tmp_path: Path) -> None:
+    """runs/<run>/weights/v3 (here a link to the tiny model): the pool starts SGLang on it, and the tokens the
+    evaluation records carry version 3."""
     from agentrl.engine.server import SGLangServerConfig
+    from agentrl.eval import resolve_model_spec
 
+    (tmp_path / "runs" / "r1" / "weights").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "weights" / "v3").symlink_to(tiny_model_path, target_is_directory=True)
     spec = EvalSpec.model_validate({"dataset": {"items": [{"prompt": "Say hi.", "answer": "hi"}]},
-                                    "model": {"path": str(tiny_model_path)}, "sampling": {"max_new_tokens": 8},
+                                    "model": {"run": "r1", "version": 3}, "sampling": {"max_new_tokens": 8},
                                     "max_turns": 1})
+    model = resolve_model_spec(spec.model, runs_dir=tmp_path / "runs")
     async with EnginePool(max_servers=1, server_config=SGLangServerConfig(max_total_tokens=4096),
                           log_dir=tmp_path) as pool:
-        async with pool.lease(ResolvedModel(label="tiny", path=tiny_model_path)) as lease:
+        async with pool.lease(model) as lease:
             result = await run_eval(spec, engine=lease.engine, tokenizer=lease.tokenizer, resources=resources)
         assert result.status == "succeeded" and result.metrics["num_samples"] == 1 and pool.started == 1
+        t = result.records[0].trajectory
+        assert t is not None and {v for v, m in zip(t["weight_versions"], t["loss_mask"]) if m} == {3}
         assert list(tmp_path.glob("sglang-*.log"))

@@ -36,10 +36,10 @@ def test_pass_at_k_edges_and_bad_input() -> None:
 
 
 def rec(item: int, sample: int, correct: bool, **kw: object) -> SampleRecord:
-    base: dict[str, object] = dict(item_index=item, sample_index=sample, task_id=f"t{item}", status="ok",
-                                   reward=1.0 if correct else 0.0, correct=correct, finish_reason="stop",
-                                   num_turns=2, num_tool_calls=1, num_tool_errors=0, prompt_tokens=10,
-                                   response_tokens=5, model_tokens=4)
+    base: dict[str, object] = {
+        "item_index": item, "sample_index": sample, "task_id": f"t{item}", "status": "ok",
+        "reward": 1.0 if correct else 0.0, "correct": correct, "finish_reason": "stop", "num_turns": 2,
+        "num_tool_calls": 1, "num_tool_errors": 0, "prompt_tokens": 10, "response_tokens": 5, "model_tokens": 4}
     base.update(kw)
     return SampleRecord(**base)  # type: ignore[arg-type]
 

@@ -61,9 +61,10 @@ async def test_metrics_and_records_of_a_known_run(resources, chat_tokenizer) -> 
     assert traj is not None and traj["prompt_len"] == right.prompt_tokens
     assert len(traj["token_ids"]) == right.prompt_tokens + right.response_tokens
     assert sum(traj["loss_mask"]) == right.model_tokens < right.response_tokens  # interpreter tokens masked
-    tool_result = traj["turns"][0][6][0]
-    assert tool_result[1] == "Finished" and "42" in tool_result[2]  # the real sandbox ran the code
-    assert "ZeroDivisionError" in raised.trajectory["turns"][0][6][0][2]
+    first = traj["turns"][0]
+    assert first["tool_calls"][0]["arguments"] == {"code": "print(6 * 7)"}
+    assert first["tool_results"][0]["status"] == "Finished" and "42" in first["tool_results"][0]["output"]
+    assert "ZeroDivisionError" in raised.trajectory["turns"][0]["tool_results"][0]["output"]  # real sandbox
     assert "\\boxed{42}" in right.response and "<interpreter>" not in right.response
 
 

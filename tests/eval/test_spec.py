@@ -79,7 +79,7 @@ def test_model_specs(tmp_path: Path, tiny_model_path: Path) -> None:
     v3.mkdir(parents=True)
     (v3 / "config.json").write_text("{}")
     got = resolve_model_spec(ModelSpec(run="r", version=3), runs_dir=tmp_path)
-    assert got.path == v3.resolve() and got.weight_version == 3 and got.url is None
+    assert got.path == v3.absolute() and got.weight_version == 3 and got.url is None
     assert resolve_model_spec(ModelSpec(name="tiny"), runs_dir=tmp_path).path == tiny_model_path.resolve()
     url = resolve_model_spec(ModelSpec(url="http://127.0.0.1:1/"), runs_dir=tmp_path)
     assert url.url == "http://127.0.0.1:1" and url.path is None

@@ -1,0 +1,32 @@
+"""run_eval through EvalServices against the real SGLang server of the session (tiny model, reached by URL),
+the real ReTool environment and the real local sandbox: records are exact trajectories, metrics add up."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.eval import EvalServices, EvalSpec
+
+pytestmark = pytest.mark.sglang
+
+
+async def test_evaluate_on_a_running_server(sglang_url: str, chat_tokenizer) -> None:
+    spec = EvalSpec.model_validate({
+        "environment": {"name": "retool"}, "dataset": {"name": "arithmetic:heldout", "n": 2, "seed": 1},
+        "model": {"url": sglang_url}, "sampling": {"max_new_tokens": 24, "seed": 5},
+        "samples_per_item": 2, "pass_k": [1, 2], "max_turns": 2})
+    async with await EvalServices.create(max_sandbox=2) as services:
+        result = await services.evaluate(spec)
+        again = await services.evaluate(spec)
+        assert services.engines.status() == [{"engine": f"url:{sglang_url}", "ready": True, "leases": 0}]  # reused
+    assert result.status == again.status == "succeeded"
+    assert len(result.records) == 4 == result.metrics["num_samples"]
+    assert services.engines.status() == []  # released with the services
+    for r in result.records:
+        t = r.trajectory
+        assert t is not None and r.ok and r.finish_reason in ("stop", "length", "max_turns")
+        model_ids = [i for i, m in zip(t["token_ids"], t["loss_mask"]) if m]
+        assert len(model_ids) == r.model_tokens > 0
+        assert all(lp is not None and lp <= 0 for lp, m in zip(t["behavior_logprobs"], t["loss_mask"]) if m)
+        first = t["turns"][0]  # token-in/token-out: the turn's text is the decoding of its own tokens
+        assert chat_tokenizer.decode(t["token_ids"][first["token_start"]:first["token_end"]]) == first["text"]
