@@ -8,6 +8,7 @@ template adds after a finished assistant message — so the sequence is exactly 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ class ChatTokenizer:
         self._base_text = base[: cut + len(self.eos_token)]
         #: whether the chat template renders ``tools`` itself (Qwen2.5/3 do; SmolLM2's does not)
         self.supports_tools = "tools" in str(tokenizer.chat_template)
+        # the n samples of a GRPO group share their prompt: render and tokenise it once (bounded LRU)
+        self._prompts: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self.prompt_cache_size = 1024
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
@@ -78,9 +82,21 @@ class ChatTokenizer:
                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """The prompt's token ids. ``tools`` (function schemas) go through the template when it renders them,
         else into the system message in the Hermes format (:func:`hermes_tools_text`)."""
+        try:
+            key = json.dumps([messages, tools], sort_keys=True)
+        except (TypeError, ValueError):  # not JSON (unusual message content): no caching
+            key = None
+        if key is not None and (hit := self._prompts.get(key)) is not None:
+            self._prompts.move_to_end(key)
+            return list(hit)
         if tools and not self.supports_tools:
             messages, tools = with_tools_in_system(messages, tools), None
-        return self.encode_text(self.render(messages, add_generation_prompt=True, tools=tools))
+        ids = self.encode_text(self.render(messages, add_generation_prompt=True, tools=tools))
+        if key is not None:
+            self._prompts[key] = tuple(ids)
+            while len(self._prompts) > self.prompt_cache_size:
+                self._prompts.popitem(last=False)
+        return ids
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))

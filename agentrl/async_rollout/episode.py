@@ -18,10 +18,10 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from agentrl.tokenizer import ChatTokenizer
 from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
 from agentrl.env.base import Environment, Observation
 from agentrl.rewards.base import RewardInput
+from agentrl.tokenizer import ChatTokenizer
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult, Trajectory, Turn
 
 logger = logging.getLogger(__name__)

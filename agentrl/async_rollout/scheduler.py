@@ -139,11 +139,15 @@ class RolloutScheduler:
         return self.initial_version + slot // self.config.groups_per_step
 
     async def run(self, *, total_groups: int, final_version: int) -> RolloutStats:
-        """Produce ``total_groups`` groups, then keep loading weights until the engine serves ``final_version``."""
-        async with asyncio.TaskGroup() as tg:
-            follower = tg.create_task(self._follow_weights(final_version))
-            await self._produce(total_groups, tg)
-            await follower
+        """Produce ``total_groups`` groups, then keep loading weights until the engine serves ``final_version``.
+        Raises the first agentrl error that stopped it (e.g. the engine kept failing), not an exception group."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                follower = tg.create_task(self._follow_weights(final_version))
+                await self._produce(total_groups, tg)
+                await follower
+        except* AgentRLError as eg:
+            raise eg.exceptions[0] from None
         return self.stats
 
     async def _produce(self, total_groups: int, tg: asyncio.TaskGroup) -> None:

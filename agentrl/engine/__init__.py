@@ -4,6 +4,7 @@ from agentrl.engine.base import (
     PAUSE_MODES,
     ControllableEngine,
     EngineFinish,
+    EngineTimeout,
     EngineUnavailable,
     GenerateResult,
     InferenceEngine,
@@ -15,7 +16,7 @@ from agentrl.engine.pool import EnginePool, MemberState, MemberStats, PoolConfig
 from agentrl.engine.server import SGLangServer, SGLangServerConfig, pool_configs
 
 __all__ = [
-    "PAUSE_MODES", "ControllableEngine", "EngineFinish", "EnginePool", "EngineUnavailable", "GenerateResult",
+    "PAUSE_MODES", "ControllableEngine", "EngineFinish", "EnginePool", "EngineTimeout", "EngineUnavailable", "GenerateResult",
     "InferenceEngine", "MemberState", "MemberStats", "PauseMode", "PoolConfig", "Retry", "SGLangClient",
     "SGLangServer", "SGLangServerConfig", "SamplingParams", "Timeouts", "pool_configs",
 ]

@@ -21,6 +21,10 @@ class EngineUnavailable(EngineError):
     """The server could not be reached or dropped the connection (it may have died): a router takes it out."""
 
 
+class EngineTimeout(EngineError):
+    """A call did not finish within its deadline (the server is overloaded, paused or hung)."""
+
+
 class EngineFinish(str, enum.Enum):
     STOP = "stop"  # EOS / stop token / stop string
     LENGTH = "length"  # max_new_tokens reached

@@ -16,13 +16,14 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 
 from agentrl.engine.base import (
     PAUSE_MODES,
     EngineFinish,
+    EngineTimeout,
     EngineUnavailable,
     GenerateResult,
     PauseMode,
@@ -100,7 +101,7 @@ class SGLangClient:
             async with asyncio.timeout(timeout_s):
                 return await self._attempts(method, path, what, json)
         except TimeoutError as exc:
-            raise EngineError(f"{what} timed out after {timeout_s:g}s (retries included); is the server "
+            raise EngineTimeout(f"{what} timed out after {timeout_s:g}s (retries included); is the server "
                               "overloaded or paused?") from exc
 
     async def _attempts(self, method: str, path: str, what: str, json: Any) -> Any:
@@ -180,7 +181,7 @@ class SGLangClient:
             raise EngineError(f"{self.url} refused weight version {version}: {out.get('message')}")
 
     async def weight_version(self) -> int:
-        info = await self._call("GET", "/get_model_info", timeout_s=self.timeouts.control_s)
+        info = await self._call("GET", "/model_info", timeout_s=self.timeouts.control_s)
         return parse_version(info.get("weight_version"))
 
     async def health(self, timeout_s: float | None = None) -> bool:
@@ -224,7 +225,7 @@ class SGLangClient:
             await self._session.close()
             self._session = None
 
-    async def __aenter__(self) -> SGLangClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

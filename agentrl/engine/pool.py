@@ -26,9 +26,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
-from agentrl.engine.base import EngineUnavailable, GenerateResult, PauseMode, SamplingParams
+from agentrl.engine.base import EngineTimeout, EngineUnavailable, GenerateResult, PauseMode, SamplingParams
 from agentrl.engine.client import SGLangClient
 from agentrl.engine.server import SGLangServer, SGLangServerConfig
 from agentrl.errors import EngineError
@@ -102,7 +102,10 @@ class EnginePool:
     """Implements :class:`agentrl.engine.base.ControllableEngine` over several SGLang servers."""
 
     def __init__(self, members: Sequence[ManagedServer | str], *, config: PoolConfig = PoolConfig(),
-                 client_factory: Callable[[str], SGLangClient] = SGLangClient) -> None:
+                 client_factory: Callable[[str], SGLangClient] = SGLangClient,
+                 on_restart: Callable[[Any], None] | None = None) -> None:
+        """``members``: servers agentrl started (restarted on a crash) or URLs of servers it did not start.
+        ``on_restart(server)`` is called after each restart of a server process (e.g. to record its new pid)."""
         if not members:
             raise EngineError("an EnginePool needs at least one server (an SGLangServer or a URL)")
         self.config = config
@@ -118,6 +121,7 @@ class EnginePool:
         self._paused: PauseMode | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._health: asyncio.Task[None] | None = None
+        self._on_restart = on_restart
 
     @classmethod
     async def launch(cls, configs: Sequence[SGLangServerConfig], *, log_dir: Path | None = None,
@@ -135,7 +139,7 @@ class EnginePool:
         pool.start()
         return pool
 
-    def start(self) -> EnginePool:
+    def start(self) -> Self:
         """Start the health loop (idempotent)."""
         if self._health is None:
             self._health = asyncio.get_running_loop().create_task(self._health_loop())
@@ -206,8 +210,8 @@ class EnginePool:
     # -- weights and control, fanned out ----------------------------------------------------------------------
 
     async def update_weights(self, path: str, version: int) -> None:
-        """Load ``path`` as ``version`` on every server that is up; a server that fails is taken out and
-        restarted with these weights. Raises only if no server could load them."""
+        """Load ``path`` as ``version`` on every server that is up. A server that dies or hangs meanwhile is taken
+        out and comes back with these weights; a server that refuses them (bad path, say) raises EngineError."""
         async with self._lock:
             self._target = _Target(path, version)
             await self._fan_out(lambda c: c.update_weights(path, version), f"load weights v{version}")
@@ -238,16 +242,21 @@ class EnginePool:
         return min(await asyncio.gather(*(m.client.weight_version() for m in up)))
 
     async def _fan_out(self, op: Callable[[SGLangClient], Any], what: str) -> None:
+        """``op`` on every server that is up. Servers that died or hung are taken out (they are brought to the
+        current weights and pause state before they rejoin); any other failure is raised, naming the servers."""
         up = [m for m in self._members if m.state is MemberState.UP]
         results = await asyncio.gather(*(op(m.client) for m in up), return_exceptions=True)
-        failed = [(m, r) for m, r in zip(up, results) if isinstance(r, BaseException)]
-        for m, exc in failed:
-            if not isinstance(exc, EngineError):
-                raise exc
-            logger.error("%s failed on %s: %s; taking it out", what, m.url, exc)
-            self._take_out(m)
-        if up and len(failed) == len(up):
-            raise EngineError(f"{what} failed on every server: {failed[0][1]}")
+        refused = []
+        for m, r in zip(up, results):
+            if isinstance(r, (EngineUnavailable, EngineTimeout)):
+                logger.error("%s failed on %s: %s; taking it out", what, m.url, r)
+                self._take_out(m)
+            elif isinstance(r, EngineError):
+                refused.append(f"{m.url}: {r}")
+            elif isinstance(r, BaseException):
+                raise r
+        if refused:
+            raise EngineError(f"{what} failed on {len(refused)} of {len(up)} servers: " + "; ".join(refused))
 
     # -- health and recovery ----------------------------------------------------------------------------------
 
@@ -296,6 +305,8 @@ class EnginePool:
             try:
                 member.starting = asyncio.ensure_future(asyncio.to_thread(member.server.restart))
                 await asyncio.shield(member.starting)
+                if self._on_restart is not None:
+                    self._on_restart(member.server)
                 await self._rejoin(member)
                 return
             except EngineError as exc:
@@ -353,7 +364,7 @@ class EnginePool:
                     await asyncio.gather(m.starting, return_exceptions=True)
                     await asyncio.to_thread(m.server.stop)
 
-    async def __aenter__(self) -> EnginePool:
+    async def __aenter__(self) -> Self:
         return self.start()
 
     async def __aexit__(self, *exc: object) -> None:

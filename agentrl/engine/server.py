@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,7 +84,7 @@ class SGLangServer:
         self.port = config.port or free_port(config.host)
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
 
     @property
     def url(self) -> str:

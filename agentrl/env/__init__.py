@@ -1,6 +1,7 @@
 """Environments and tools: the Python API researchers extend."""
 
 from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.env.hermes import ParsedCall, ToolCallingEnv, parse_tool_calls
 from agentrl.env.registry import (
     EnvResources,
     EnvSpec,
@@ -14,15 +15,34 @@ from agentrl.env.registry import (
 from agentrl.env.tools import Tool, tool
 
 __all__ = [
-    "Environment", "Observation", "StepResult", "EnvResources", "EnvSpec", "Registry",
-    "default_registry", "list_envs", "list_tools", "register_env", "register_tool", "Tool", "tool",
+    "EnvResources",
+    "EnvSpec",
+    "Environment",
+    "Observation",
+    "ParsedCall",
+    "Registry",
+    "StepResult",
+    "Tool",
+    "ToolCallingEnv",
+    "default_registry",
+    "list_envs",
+    "list_tools",
+    "parse_tool_calls",
+    "register_env",
+    "register_tool",
+    "tool",
 ]
 
 
 def _register_builtins() -> None:
+    from agentrl.env.code_tests import CodeTestsEnv
+    from agentrl.env.math import MathEnv
     from agentrl.env.retool import ReToolEnv
 
     default_registry.register_env("retool", ReToolEnv, description="Math with a Python code interpreter (ReTool).")
+    default_registry.register_env("math", MathEnv, description="Math in one turn, no tools; \\boxed{} answer checked.")
+    default_registry.register_env("code_tests", CodeTestsEnv,
+                                  description="A Python program in one turn, scored by its tests in the sandbox.")
 
 
 _register_builtins()

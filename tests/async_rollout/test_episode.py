@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams

@@ -48,10 +48,13 @@ async def run(chat_tokenizer, *, mode: str, eta: int, steps: int = 8, token_s=No
         config=RolloutConfig(n_samples=N, groups_per_step=B, max_staleness=eta, max_running_groups=4,
                              update_mode=mode, **config),
     )
-    async with asyncio.timeout(120):
-        train = asyncio.create_task(trainer.run(steps))
-        stats = await scheduler.run(total_groups=steps * B, final_version=steps)
-        await train
+    train = asyncio.create_task(trainer.run(steps))
+    try:
+        async with asyncio.timeout(120):
+            stats = await scheduler.run(total_groups=steps * B, final_version=steps)
+            await train
+    finally:
+        train.cancel()
     return trainer, stats, engine
 
 
@@ -78,7 +81,7 @@ async def test_groups_are_kept_together(chat_tokenizer):
 
 
 async def test_abort_restart_runs_every_episode_on_one_version_and_interrupt_spans_versions(chat_tokenizer):
-    steady = lambda key: 0.004  # noqa: E731  (long enough that updates land mid-episode)
+    steady = lambda key: 0.004
     trainer, stats, _ = await run(chat_tokenizer, mode="abort_restart", eta=2, token_s=steady, tokens=40)
     assert all(len(set(t.generated_versions)) == 1 for g in trainer.puts for t in g)
     assert stats.episodes_restarted > 0
@@ -136,3 +139,14 @@ async def test_a_group_hit_by_an_engine_failure_is_retried_whole(chat_tokenizer)
     trainer, stats, _ = await run(chat_tokenizer, mode="interrupt", eta=1, steps=2, engine=engine)
     assert engine.failed == 2 and stats.groups_failed == 0 and stats.groups_queued == 2 * B
     assert all(len(g) == N for g in trainer.puts)
+
+
+async def test_an_engine_that_keeps_failing_stops_the_run_with_its_error(chat_tokenizer):
+    class Down(SimEngine):
+        async def generate(self, ids, sampling, *, sticky_key=None):
+            raise EngineError("http://sim/generate: cannot connect after 4 attempts")
+
+    with pytest.raises(Exception) as err:
+        await run(chat_tokenizer, mode="interrupt", eta=1, steps=2, engine=Down(lambda key: 0.001),
+                  max_failed_groups=3, group_retries=1)
+    assert "groups failed" in str(err.value) and not isinstance(err.value, BaseExceptionGroup)

@@ -12,8 +12,8 @@ from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.client import SGLangClient, Timeouts
 from agentrl.env.base import Environment, Observation, StepResult
-from agentrl.rewards import RewardResult
 from agentrl.errors import EngineError
+from agentrl.rewards import RewardResult
 from agentrl.types import FinishReason, Task
 
 pytestmark = pytest.mark.sglang
@@ -85,22 +85,26 @@ async def test_token_ids_are_exactly_what_sglang_saw_and_returned(sglang_url, ch
 async def test_weight_update_mid_episode_splits_versions_per_token(sglang_url, chat_tokenizer, tiny_model_path):
     async with SGLangClient(sglang_url) as client:
         before = await client.weight_version()
-        runner = EpisodeRunner(client, chat_tokenizer,
-                               SamplingParams(max_new_tokens=400, ignore_eos=True),
-                               EpisodeBudget(max_turns=1, max_response_tokens=400))
+        runner = EpisodeRunner(client, chat_tokenizer, SamplingParams(max_new_tokens=4000, ignore_eos=True),
+                               EpisodeBudget(max_turns=1, max_response_tokens=4000, max_context_tokens=8000,
+                                             max_resumes=1))
         episode = asyncio.create_task(runner.run(NoStopEnv(), Task(id="p2", prompt="Count.")))
         await asyncio.sleep(1.5)
         assert not episode.done(), "generation finished before the update; make it longer"
-        await client.pause("abort")
+        await client.pause("abort")  # the runner resumes the aborted turn on the new weights
         await client.update_weights(str(tiny_model_path), before + 1)
+        await client.resume()
+        await asyncio.sleep(1.5)
+        await client.pause("abort")  # a second abort is over the resume budget: the episode ends here
         await client.resume()
         traj = await asyncio.wait_for(episode, 300)
         assert await client.weight_version() == before + 1
     versions = traj.generated_versions
-    assert len(versions) == 400 and traj.finish_reason is FinishReason.LENGTH
+    assert traj.finish_reason is FinishReason.ABORTED
     k = versions.index(before + 1)
-    assert 0 < k and versions == [before] * k + [before + 1] * (400 - k)
-    assert traj.loss_mask[traj.prompt_len:] == [1] * 400
+    assert 0 < k < len(versions) and versions == [before] * k + [before + 1] * (len(versions) - k)
+    assert traj.loss_mask[traj.prompt_len:] == [1] * len(versions)
+    assert len(traj.turns) == 1 and traj.turns[0].token_end - traj.turns[0].token_start == len(versions)
 
 
 async def test_calls_time_out_with_an_error_naming_the_server(sglang_url):

@@ -37,8 +37,8 @@ async def test_requeue_gives_admission_back():
     assert m.stats().capacity == 1 and m.started == 0
 
 
-@pytest.mark.parametrize("args", [dict(groups_per_step=0, max_staleness=0, max_running=1),
-                                  dict(groups_per_step=1, max_staleness=-1, max_running=1)])
+@pytest.mark.parametrize("args", [{"groups_per_step": 0, "max_staleness": 0, "max_running": 1},
+                                  {"groups_per_step": 1, "max_staleness": -1, "max_running": 1}])
 def test_bad_arguments_are_rejected(args):
     with pytest.raises(ValueError, match="expected"):
         StalenessManager(**args)

@@ -52,7 +52,8 @@ class FakeClient:
         self.calls: list[tuple] = []
         self.hold: asyncio.Event | None = None
         self.healthy = True
-        self.fail_updates = False
+        self.fail_updates = False  # the server refuses the weights (HTTP 400)
+        self.die_on_update = False  # the server process dies while loading (once)
         self.reset()
 
     def reset(self) -> None:  # a fresh process: base weights, version 0, not paused
@@ -73,8 +74,12 @@ class FakeClient:
 
     async def update_weights(self, path: str, version: int) -> None:
         self.calls.append(("update_weights", path, version))
-        if self.fail_updates or not self._alive():
-            raise EngineError(f"{self.url} failed to load {path}")
+        if self.die_on_update and self.server is not None:
+            self.die_on_update, self.server.up = False, False
+        if not self._alive():
+            raise EngineUnavailable(f"{self.url}: the server dropped the connection")
+        if self.fail_updates:
+            raise EngineError(f"POST {self.url}/update_weights_from_disk failed with HTTP 400: no such path")
         self.path, self.version = path, version
 
     async def set_weight_version(self, version: int) -> None:
@@ -183,7 +188,7 @@ async def test_updates_during_a_restart_are_not_missed():
 
 
 async def test_generate_waits_for_a_restarting_server_instead_of_failing():
-    pool, servers, clients = make_pool(1)
+    pool, servers, _ = make_pool(1)
     pool.start()
     servers["http://s0"].up = False
     servers["http://s0"].fail_restarts = 1  # the first restart fails; the second works
@@ -217,18 +222,23 @@ async def test_a_server_that_rejoins_while_the_pool_is_paused_is_paused_too():
     await pool.aclose()
 
 
-async def test_failed_weight_load_takes_the_server_out_and_all_failing_raises():
-    pool, _, clients = make_pool(2)
-    clients["http://s0"].fail_updates = True
-    await pool.update_weights("/w/v1", 1)  # s1 loaded it; s0 is taken out (and restarted)
-    assert pool.stats()[0].state != "up" and clients["http://s1"].version == 1
+async def test_a_server_that_dies_while_loading_comes_back_with_the_new_weights():
+    pool, servers, clients = make_pool(2)
+    pool.start()
+    clients["http://s0"].die_on_update = True
+    await pool.update_weights("/w/v1", 1)  # no error: s0 is taken out and restarted with v1
+    await wait_until(lambda: servers["http://s0"].restarts == 1 and pool.stats()[0].state == "up")
+    assert clients["http://s0"].version == clients["http://s1"].version == 1
     await pool.aclose()
 
-    pool, _, clients = make_pool(2, config=PoolConfig(restart=False))
+
+async def test_weights_the_servers_refuse_are_an_error_and_the_servers_stay_in():
+    pool, servers, clients = make_pool(2)
     for c in clients.values():
         c.fail_updates = True
-    with pytest.raises(EngineError, match="failed on every server"):
-        await pool.update_weights("/w/v1", 1)
+    with pytest.raises(EngineError, match="failed on 2 of 2 servers: http://s0: .*HTTP 400"):
+        await pool.update_weights("/no/such/path", 1)
+    assert [m.state for m in pool.stats()] == ["up", "up"] and not any(s.restarts for s in servers.values())
     await pool.aclose()
 
 

@@ -11,10 +11,17 @@ from pathlib import Path
 import pytest
 
 from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
-from agentrl.engine import EnginePool, PoolConfig, SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
+from agentrl.engine import (
+    EnginePool,
+    PoolConfig,
+    SamplingParams,
+    SGLangClient,
+    SGLangServer,
+    SGLangServerConfig,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "async_rollout"))
-from rollout_support import FifoTrainer, LetterTurnsEnv, SimRegistry, task_stream  # noqa: E402
+from rollout_support import FifoTrainer, LetterTurnsEnv, SimRegistry, task_stream
 
 pytestmark = pytest.mark.sglang
 

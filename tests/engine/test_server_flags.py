@@ -1,0 +1,46 @@
+"""How SGLang servers are launched: CPU flags here, GPU flags passed through (GPU paths are not runnable on our
+CPU-only machines; the command lines are what we can check), one port and GPU slice per server of a pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.engine import SGLangServer, SGLangServerConfig, pool_configs
+from agentrl.errors import EngineError
+
+
+def flag(cmd: list[str], name: str) -> str | None:
+    return cmd[cmd.index(name) + 1] if name in cmd else None
+
+
+def test_cpu_server_gets_the_flags_that_work_here():
+    server = SGLangServer(SGLangServerConfig(model_path="/m"))
+    cmd, env = server.command(), server.environment()
+    assert flag(cmd, "--device") == "cpu" and flag(cmd, "--attention-backend") == "torch_native"
+    assert "--sleep-on-idle" in cmd and flag(cmd, "--port") == str(server.port) != "0"
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and "sgl_kernel_cpu" in env["PYTHONPATH"]
+
+
+def test_gpu_flags_pass_through_and_cpu_ones_stay_out():
+    config = SGLangServerConfig(model_path="/m", device="cuda", dtype="bfloat16", tp_size=2, base_gpu_id=4,
+                                mem_fraction_static=0.8, max_total_tokens=None,
+                                extra_args=["--enable-torch-compile", "--chunked-prefill-size", "4096"],
+                                env={"NCCL_DEBUG": "WARN"})
+    server = SGLangServer(config)
+    cmd, env = server.command(), server.environment()
+    assert "--device" not in cmd and "--sleep-on-idle" not in cmd and "--max-total-tokens" not in cmd
+    assert flag(cmd, "--tp-size") == "2" and flag(cmd, "--base-gpu-id") == "4"
+    assert flag(cmd, "--mem-fraction-static") == "0.8" and flag(cmd, "--dtype") == "bfloat16"
+    assert cmd[-3:] == ["--enable-torch-compile", "--chunked-prefill-size", "4096"]
+    assert "sgl_kernel_cpu" not in env.get("PYTHONPATH", "")
+    assert env["NCCL_DEBUG"] == "WARN"
+
+
+def test_pool_configs_give_each_server_its_own_port_and_gpus():
+    gpu = pool_configs(SGLangServerConfig(model_path="/m", device="cuda", tp_size=2), 3)
+    assert [c.base_gpu_id for c in gpu] == [0, 2, 4]
+    servers = [SGLangServer(c) for c in pool_configs(SGLangServerConfig(model_path="/m"), 3)]
+    assert len({s.port for s in servers}) == 3
+    assert all(c.base_gpu_id is None for c in pool_configs(SGLangServerConfig(model_path="/m"), 2))
+    with pytest.raises(EngineError, match="at least one server"):
+        pool_configs(SGLangServerConfig(model_path="/m"), 0)
