@@ -11,9 +11,10 @@ re-tokenised):
 - ``weight_versions[i]`` is the weight version that generated token i for model tokens, -1 elsewhere, so a
   partial rollout that spans a weight update is exact.
 
-Wire format: msgpack of a map with ``schema`` = :data:`SCHEMA_VERSION`; the per-token arrays travel as
-little-endian packed bytes (int32 ids/versions, uint8 mask, float32 logprobs: the engine computes logprobs in
-fp32, so float32 is lossless for them).
+In a process the per-token arrays are read-only numpy arrays (int32 ids and versions, uint8 mask, float32
+logprobs: the engine computes logprobs in fp32, so float32 is lossless for them); sequences passed to the
+constructor are converted once. On the wire: msgpack of a map with ``schema`` = :data:`SCHEMA_VERSION`, the arrays
+as their little-endian bytes, so encoding is a memory copy and decoding is zero-copy (``np.frombuffer``).
 """
 
 from __future__ import annotations
@@ -100,18 +101,32 @@ class Turn:
     tool_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+#: per-token arrays of a trajectory and their dtypes (little-endian on the wire)
+ARRAYS: dict[str, str] = {"token_ids": "<i4", "loss_mask": "u1", "behavior_logprobs": "<f4", "weight_versions": "<i4"}
+
+
+def _readonly_array(value: Any, dtype: str, name: str) -> np.ndarray:
+    arr = np.asarray(value, dtype=dtype)
+    if arr is value and arr.flags.writeable:
+        arr = arr.copy()  # never freeze the caller's own array
+    if arr.ndim != 1:
+        raise SchemaError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Trajectory:
     """One finished episode, exactly as the engine saw it. See the module docstring for the invariants."""
 
     trajectory_id: str
     prompt_id: str
     group_id: str
-    token_ids: list[int]
+    token_ids: np.ndarray
     prompt_len: int
-    loss_mask: list[int]
-    behavior_logprobs: list[float]
-    weight_versions: list[int]
+    loss_mask: np.ndarray
+    behavior_logprobs: np.ndarray
+    weight_versions: np.ndarray
     reward: float
     finish_reason: FinishReason
     reward_breakdown: dict[str, float] = field(default_factory=dict)
@@ -121,14 +136,26 @@ class Trajectory:
     created_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
+        for name, dtype in ARRAYS.items():
+            object.__setattr__(self, name, _readonly_array(getattr(self, name), dtype, name))
         n = len(self.token_ids)
         for name in ("loss_mask", "behavior_logprobs", "weight_versions"):
             if len(getattr(self, name)) != n:
                 raise SchemaError(f"{name} has {len(getattr(self, name))} entries, expected {n} (one per token)")
         if not 0 <= self.prompt_len <= n:
             raise SchemaError(f"prompt_len {self.prompt_len} is outside [0, {n}]")
-        if any(self.loss_mask[: self.prompt_len]):
+        if self.loss_mask[: self.prompt_len].any():
             raise SchemaError("prompt tokens must have loss_mask 0")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trajectory):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f)) if f in ARRAYS else getattr(self, f) == getattr(other, f)
+            for f in self.__dataclass_fields__
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking value type: compare, don't hash
 
     @staticmethod
     def new_id() -> str:
@@ -140,24 +167,24 @@ class Trajectory:
 
     @property
     def num_model_tokens(self) -> int:
-        return int(sum(self.loss_mask))
+        return int(self.loss_mask.sum())
 
     @property
     def generated_versions(self) -> list[int]:
         """Weight versions of the model tokens, in order."""
-        return [v for v, m in zip(self.weight_versions, self.loss_mask) if m]
+        return self.weight_versions[self.loss_mask.astype(bool)].tolist()  # type: ignore[no-any-return]
 
     @property
     def min_version(self) -> int:
         """Oldest weight version that produced a token of this trajectory (-1 if it has no model tokens)."""
-        versions = self.generated_versions
-        return min(versions) if versions else -1
+        versions = self.weight_versions[self.loss_mask.astype(bool)]
+        return int(versions.min()) if versions.size else -1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (per-token arrays as lists), e.g. for ``rollouts.jsonl`` and REST results."""
         d = _to_wire(self)
-        for name in ("token_ids", "loss_mask", "behavior_logprobs", "weight_versions"):
-            d[name] = list(getattr(self, name))
+        for name in ARRAYS:
+            d[name] = getattr(self, name).tolist()
         return d
 
     def to_msgpack(self) -> bytes:
@@ -178,11 +205,11 @@ def _to_wire(t: Trajectory) -> dict[str, Any]:
         "trajectory_id": t.trajectory_id,
         "prompt_id": t.prompt_id,
         "group_id": t.group_id,
-        "token_ids": np.asarray(t.token_ids, dtype="<i4").tobytes(),
+        "token_ids": t.token_ids.tobytes(),
         "prompt_len": t.prompt_len,
-        "loss_mask": np.asarray(t.loss_mask, dtype="u1").tobytes(),
-        "behavior_logprobs": np.asarray(t.behavior_logprobs, dtype="<f4").tobytes(),
-        "weight_versions": np.asarray(t.weight_versions, dtype="<i4").tobytes(),
+        "loss_mask": t.loss_mask.tobytes(),
+        "behavior_logprobs": t.behavior_logprobs.tobytes(),
+        "weight_versions": t.weight_versions.tobytes(),
         "reward": float(t.reward),
         "finish_reason": t.finish_reason.value,
         "reward_breakdown": dict(t.reward_breakdown),
@@ -223,11 +250,11 @@ def _from_wire(w: Any) -> Trajectory:
             trajectory_id=w["trajectory_id"],
             prompt_id=w["prompt_id"],
             group_id=w["group_id"],
-            token_ids=np.frombuffer(w["token_ids"], dtype="<i4").tolist(),
+            token_ids=np.frombuffer(w["token_ids"], dtype="<i4"),
             prompt_len=w["prompt_len"],
-            loss_mask=np.frombuffer(w["loss_mask"], dtype="u1").tolist(),
-            behavior_logprobs=np.frombuffer(w["behavior_logprobs"], dtype="<f4").tolist(),
-            weight_versions=np.frombuffer(w["weight_versions"], dtype="<i4").tolist(),
+            loss_mask=np.frombuffer(w["loss_mask"], dtype="u1"),
+            behavior_logprobs=np.frombuffer(w["behavior_logprobs"], dtype="<f4"),
+            weight_versions=np.frombuffer(w["weight_versions"], dtype="<i4"),
             reward=w["reward"],
             finish_reason=FinishReason(w["finish_reason"]),
             reward_breakdown=w["reward_breakdown"],

@@ -26,7 +26,7 @@ def test_msgpack_round_trip_is_exact():
     t = make_traj()
     back = Trajectory.from_msgpack(t.to_msgpack())
     assert back == t
-    assert back.token_ids == [5, 6, 7, 100, 101, 200, 201, 102]
+    assert back.token_ids.tolist() == [5, 6, 7, 100, 101, 200, 201, 102]
     assert back.generated_versions == [0, 1, 1]
     assert back.min_version == 0 and back.num_model_tokens == 3
 
@@ -37,7 +37,7 @@ def test_float32_logprobs_from_engine_survive_exactly():
     lp = [float(np.float32(x)) for x in (-0.123456789, -7.3e-5, -12.5)]
     t = make_traj(token_ids=[1, 2, 3], prompt_len=0, loss_mask=[1, 1, 1], behavior_logprobs=lp,
                   weight_versions=[2, 2, 2], turns=())
-    assert Trajectory.from_msgpack(t.to_msgpack()).behavior_logprobs == lp
+    assert Trajectory.from_msgpack(t.to_msgpack()).behavior_logprobs.tolist() == lp
 
 
 def test_wire_carries_schema_version_and_rejects_others():
@@ -60,3 +60,29 @@ def test_misaligned_arrays_are_rejected():
         make_traj(loss_mask=[0, 1])
     with pytest.raises(SchemaError, match="prompt tokens"):
         make_traj(loss_mask=[1, 0, 0, 1, 1, 0, 0, 1])
+
+
+def test_arrays_are_read_only_and_typed_and_the_callers_array_is_untouched():
+    import numpy as np
+
+    ids = np.array([1, 2, 3], dtype="<i4")
+    t = make_traj(token_ids=ids, prompt_len=1, loss_mask=[0, 1, 1], behavior_logprobs=[0.0, -1.0, -2.0],
+                  weight_versions=[-1, 4, 5], turns=(), created_at=1.0)
+    assert ids.flags.writeable and t.token_ids is not ids
+    with pytest.raises(ValueError):
+        t.token_ids[0] = 9
+    assert (t.token_ids.dtype, t.loss_mask.dtype, t.behavior_logprobs.dtype, t.weight_versions.dtype) == (
+        np.dtype("<i4"), np.dtype("u1"), np.dtype("<f4"), np.dtype("<i4"))
+    assert t.min_version == 4 and t.generated_versions == [4, 5] and t.num_model_tokens == 2
+    assert t == make_traj(token_ids=[1, 2, 3], prompt_len=1, loss_mask=[0, 1, 1], behavior_logprobs=[0.0, -1.0, -2.0],
+                          weight_versions=[-1, 4, 5], turns=(), created_at=1.0)
+    assert t != make_traj(token_ids=[1, 2, 4], prompt_len=1, loss_mask=[0, 1, 1], behavior_logprobs=[0.0, -1.0, -2.0],
+                          weight_versions=[-1, 4, 5], turns=(), created_at=1.0)
+
+
+def test_decoding_is_zero_copy_and_json_dict_has_plain_lists():
+    import json
+
+    t = Trajectory.from_msgpack(make_traj().to_msgpack())
+    assert not t.token_ids.flags.owndata  # a view on the payload bytes
+    json.dumps(t.to_dict())  # plain Python types only

@@ -82,7 +82,7 @@ def to_record(job: _Job, traj: Trajectory, *, threshold: float, attempts: int, d
 def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
     """``Trajectory.to_dict()`` for JSON readers: turns as objects with named fields, NaN/inf as null."""
     d = traj.to_dict()
-    d["behavior_logprobs"] = [finite(x) for x in traj.behavior_logprobs]
+    d["behavior_logprobs"] = [finite(x) for x in d["behavior_logprobs"]]
     d["reward"] = finite(traj.reward)
     d["reward_breakdown"] = {k: finite(v) for k, v in traj.reward_breakdown.items()}
     d["turns"] = [dataclasses.asdict(t) for t in traj.turns]

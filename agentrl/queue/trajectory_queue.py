@@ -370,12 +370,13 @@ class TrajectoryQueue:
 
 
 def _oldest_version(t: Trajectory) -> int:
-    """``t.min_version`` in O(1) instead of a pass over every token: tokens are generated in order and the weight
+    """``t.min_version`` from the first model token: tokens are generated in order and the weight
     version a worker serves never decreases, so the first model token carries the oldest version."""
-    try:
-        return t.weight_versions[t.loss_mask.index(1, t.prompt_len)]
-    except ValueError:  # no model token
+    model = t.loss_mask[t.prompt_len:]
+    if not model.size:
         return -1
+    first = int(model.argmax()) + t.prompt_len  # vectorised: the first model token
+    return int(t.weight_versions[first]) if t.loss_mask[first] else -1
 
 
 def _str(value: Any) -> str:

@@ -78,10 +78,10 @@ async def test_multi_turn_tokens_masks_logprobs_versions(chat_tokenizer):
     prompt = engine.requests[0]
     obs = chat_tokenizer.encode_text("\n<interpreter>\nOK\n</interpreter>\n")
     expected = prompt + engine.outputs[0] + obs + engine.outputs[1]
-    assert traj.token_ids == expected
+    assert traj.token_ids.tolist() == expected
     assert engine.requests[1] == prompt + engine.outputs[0] + obs  # 2nd turn saw exactly the 1st turn's tokens
     assert traj.prompt_len == len(prompt)
-    assert traj.loss_mask == [0] * len(prompt) + [1] * len(engine.outputs[0]) + [0] * len(obs) + [1] * len(
+    assert traj.loss_mask.tolist() == [0] * len(prompt) + [1] * len(engine.outputs[0]) + [0] * len(obs) + [1] * len(
         engine.outputs[1])
     model_lps = [lp for lp, m in zip(traj.behavior_logprobs, traj.loss_mask) if m]
     assert model_lps == [-0.01 * (i + 1) for i in range(len(engine.outputs[0]))] + [

@@ -61,6 +61,6 @@ async def test_scheduler_with_sglang_redis_and_the_trainers_reader(sglang_url, r
         for t in trajectories:
             assert version - t.min_version <= ETA
             assert t.num_model_tokens == 24 or t.token_ids[-1] == chat_tokenizer.eos_token_id
-            assert t.loss_mask == [0] * t.prompt_len + [1] * (t.num_tokens - t.prompt_len)
+            assert t.loss_mask.tolist() == [0] * t.prompt_len + [1] * (t.num_tokens - t.prompt_len)
             assert t.generated_versions == sorted(t.generated_versions)
     assert stats.versions_loaded == [1, 2, 3] and stats.groups_queued == STEPS * B

@@ -72,8 +72,8 @@ async def test_token_ids_are_exactly_what_sglang_saw_and_returned(sglang_url, ch
     # every request is the previous request + what SGLang returned + the observation, never re-tokenised
     for i in range(1, len(rec.sent)):
         assert rec.sent[i] == rec.sent[i - 1] + rec.got[i - 1] + obs
-    assert traj.token_ids[: len(rec.sent[-1])] == rec.sent[-1]
-    assert traj.token_ids[len(rec.sent[-1]):] == rec.got[-1]
+    assert traj.token_ids[: len(rec.sent[-1])].tolist() == rec.sent[-1]
+    assert traj.token_ids[len(rec.sent[-1]):].tolist() == rec.got[-1]
     model = [(t, lp) for t, lp, m in zip(traj.token_ids, traj.behavior_logprobs, traj.loss_mask) if m]
     assert [t for t, _ in model] == [t for ids in rec.got for t in ids]
     assert [lp for _, lp in model] == pytest.approx([lp for lps in rec.logprobs for lp in lps], abs=1e-6)
@@ -103,7 +103,7 @@ async def test_weight_update_mid_episode_splits_versions_per_token(sglang_url, c
     assert traj.finish_reason is FinishReason.ABORTED
     k = versions.index(before + 1)
     assert 0 < k < len(versions) and versions == [before] * k + [before + 1] * (len(versions) - k)
-    assert traj.loss_mask[traj.prompt_len:] == [1] * len(versions)
+    assert traj.loss_mask[traj.prompt_len:].tolist() == [1] * len(versions)
     assert len(traj.turns) == 1 and traj.turns[0].token_end - traj.turns[0].token_start == len(versions)
 
 

@@ -77,4 +77,4 @@ async def test_episode(env_resources, chat_tokenizer):
     async with CodeTestsEnv(env_resources) as env:
         traj = await runner.run(env, TASK, env_name="code_tests")
     assert traj.reward == 1.0 and traj.finish_reason is FinishReason.STOP
-    assert traj.token_ids == engine.requests[0] + engine.outputs[0]
+    assert traj.token_ids.tolist() == engine.requests[0] + engine.outputs[0]

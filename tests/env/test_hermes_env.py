@@ -191,8 +191,8 @@ async def test_episode_token_layout(chat_tokenizer):
     assert chat_tokenizer.decode(delta) == "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
     out1, out2 = engine.outputs
     assert engine.requests[1] == prompt + out1 + delta
-    assert traj.token_ids == prompt + out1 + delta + out2
-    assert traj.loss_mask == [0] * len(prompt) + [1] * len(out1) + [0] * len(delta) + [1] * len(out2)
+    assert traj.token_ids.tolist() == prompt + out1 + delta + out2
+    assert traj.loss_mask.tolist() == [0] * len(prompt) + [1] * len(out1) + [0] * len(delta) + [1] * len(out2)
     assert traj.reward == 1.0 and traj.finish_reason is FinishReason.STOP
     assert traj.turns[0].tool_results[0].output == "5" and traj.turns[0].observation_len == len(delta)
 
@@ -207,8 +207,8 @@ async def test_turn_ending_at_a_stop_string_gets_eos_before_the_tool_turn(chat_t
     delta = chat_tokenizer.encode_messages_delta([{"role": "tool", "content": "5"}])
     obs = [chat_tokenizer.eos_token_id] + delta
     prompt, out1, out2 = engine.requests[0], *engine.outputs
-    assert traj.token_ids == prompt + out1 + obs + out2
-    assert traj.loss_mask[len(prompt) + len(out1): len(prompt) + len(out1) + len(obs)] == [0] * len(obs)
+    assert traj.token_ids.tolist() == prompt + out1 + obs + out2
+    assert traj.loss_mask[len(prompt) + len(out1): len(prompt) + len(out1) + len(obs)].tolist() == [0] * len(obs)
 
 
 async def test_episode_with_budget_exhausted_ends_with_max_turns(chat_tokenizer):

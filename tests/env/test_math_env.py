@@ -56,5 +56,5 @@ async def test_episode(env_resources, chat_tokenizer):
     async with MathEnv(env_resources) as env:
         traj = await runner.run(env, Task(id="m", prompt="2+2?", answer="4"), env_name="math")
     assert traj.reward == 1.0 and traj.finish_reason is FinishReason.STOP and len(traj.turns) == 1
-    assert traj.token_ids == engine.requests[0] + engine.outputs[0]
+    assert traj.token_ids.tolist() == engine.requests[0] + engine.outputs[0]
     assert traj.reward_breakdown == {"correct": 1.0}

@@ -82,7 +82,7 @@ async def test_producer_rides_out_a_server_restart(tmp_path: Path) -> None:
             assert not put.done()
             server.start()
             await asyncio.wait_for(put, 30)
-            assert [e.trajectory.weight_versions for e in await q.read(5, timeout_s=1)][-1] == t.weight_versions
+            assert [e.trajectory.weight_versions.tolist() for e in await q.read(5, timeout_s=1)][-1] == t.weight_versions.tolist()
     finally:
         server.stop()
 
