@@ -39,6 +39,21 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _alive_in_recorded_groups(run_dir: Path) -> list[str]:
+    """Processes still alive in the process groups the run recorded (SGLang servers and all their children)."""
+    import psutil
+
+    groups = {json.loads(x)["pid"] for x in (run_dir / "logs" / "processes.jsonl").read_text().splitlines() if x}
+    alive = []
+    for p in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if os.getpgid(p.pid) in groups and p.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(f"{p.pid} {p.info['name']}")
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
@@ -82,6 +97,7 @@ def test_every_process_was_stopped(smoke_run: Path):
     assert not _alive(summary["engine_url"])
     assert _processes_mentioning(str(smoke_run)) == []
     assert _processes_mentioning("raylet") == [], "the local Ray cluster must be shut down"
+    assert _alive_in_recorded_groups(smoke_run) == [], "SGLang children (scheduler, detokenizer) must be gone"
 
 
 def test_trajectories_hold_exactly_what_sglang_saw_and_returned(smoke_run: Path):
@@ -141,6 +157,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path):
     time.sleep(1)
     assert _processes_mentioning(str(run_dir)) == []
     assert _processes_mentioning("raylet") == []
+    assert _alive_in_recorded_groups(run_dir) == []
     log = (run_dir / "logs" / "rollout.log").read_text()
     urls = [w for line in log.splitlines() if "starting sglang on" in line for w in line.split() if w.startswith("http")]
     assert urls, "the SGLang server was started and its URL logged"

@@ -120,6 +120,7 @@ class EnginePool:
         self._target = _Target()
         self._paused: PauseMode | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._health: asyncio.Task[None] | None = None
         self._on_restart = on_restart
 
@@ -286,7 +287,7 @@ class EnginePool:
             self._take_out(member)
 
     def _take_out(self, member: _Member) -> None:
-        if member.state is not MemberState.UP:
+        if member.state is not MemberState.UP or self._closing:
             return
         member.state = MemberState.DOWN
         for key in [k for k, m in self._routes.items() if m is member]:
@@ -297,7 +298,7 @@ class EnginePool:
 
     async def _restart(self, member: _Member) -> None:
         assert member.server is not None
-        while member.restarts < self.config.max_restarts:
+        while member.restarts < self.config.max_restarts and not self._closing:
             member.state = MemberState.RESTARTING
             member.restarts += 1
             logger.warning("restarting SGLang server %s (restart %d/%d)", member.url, member.restarts,
@@ -352,6 +353,7 @@ class EnginePool:
 
     async def aclose(self) -> None:
         """Stop the health loop and recoveries, close the clients, stop the servers this pool started."""
+        self._closing = True  # from here on a server going away is expected: never restart it
         for task in [*self._tasks, *([self._health] if self._health else [])]:
             task.cancel()
         await asyncio.gather(*self._tasks, *([self._health] if self._health else []), return_exceptions=True)

@@ -9,6 +9,7 @@ are left out and ``extra_args`` pass anything else through.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 import os
 import signal
 import socket
@@ -76,13 +77,15 @@ class SGLangServer:
     Use as a context manager, or call ``stop()`` in a ``finally``: a server is never left running.
     """
 
-    def __init__(self, config: SGLangServerConfig, *, log_path: Path | None = None, name: str = "sglang") -> None:
+    def __init__(self, config: SGLangServerConfig, *, log_path: Path | None = None, name: str = "sglang",
+                 on_spawn: Callable[[SGLangServer], None] | None = None) -> None:
         if not config.model_path:
             raise EngineError("SGLangServerConfig.model_path is empty: expected a local HF model folder")
         self.config = config
         self.name = name
         self.port = config.port or free_port(config.host)
         self.log_path = log_path
+        self.on_spawn = on_spawn  # told of every process group started (also restarts), before readiness
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
 
@@ -155,6 +158,8 @@ class SGLangServer:
         self._proc = subprocess.Popen(
             self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+        if self.on_spawn is not None:
+            self.on_spawn(self)
         return self
 
     def _wait_ready(self) -> None:

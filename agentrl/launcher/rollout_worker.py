@@ -85,7 +85,7 @@ class RolloutWorker:
             members: list[Any] = [u.strip() for u in cfg.engine.url.split(",") if u.strip()]
         else:
             members = await self._start_servers(base_model)
-        self.client = EnginePool(members, on_restart=lambda s: record_process(self.run_dir, s.name, s.pid))
+        self.client = EnginePool(members)  # restarted servers are recorded by their on_spawn
         self.client.start()
         stack.push_async_callback(self.client.aclose)  # also stops the servers it restarted
         url = ",".join(self.client.urls)
@@ -112,11 +112,10 @@ class RolloutWorker:
         servers = []
         for i, config in enumerate(configs):
             name = "sglang" if len(configs) == 1 else f"sglang-{i}"
-            server = SGLangServer(config, name=name, log_path=self.run_dir / "logs" / f"{name}.log")
+            server = SGLangServer(config, name=name, log_path=self.run_dir / "logs" / f"{name}.log",
+                                  on_spawn=lambda s: record_process(self.run_dir, s.name, s.pid))
             self._stack.callback(server.stop)
             server.start_background()
-            if server.pid is not None:
-                record_process(self.run_dir, name, server.pid)
             servers.append(server)
         await asyncio.gather(*(s.wait_ready_async() for s in servers))
         logger.info("sglang ready on %s", ", ".join(s.url for s in servers))
