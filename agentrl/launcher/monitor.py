@@ -22,7 +22,7 @@ GAUGES = {
     "reward_mean": "mean reward of the last trained batch",
     "staleness_mean": "mean staleness (versions) of the last trained batch",
     "staleness_max": "max staleness of the last trained batch",
-    "rollout_tokens_per_s": "model tokens generated per second (since start)",
+    "rollout_tokens_per_s": "model tokens generated per second (smoothed)",
     "queue_length": "trajectories in the queue (waiting + pending)",
     "served_version": "weight version the rollout engine serves",
 }
@@ -36,7 +36,7 @@ class RunMonitor:
         self.interval_s = interval_s
         self.values: dict[str, float] = {}
         self._offset = 0
-        self._t0 = time.monotonic()
+        self._last_tokens: tuple[float, float] | None = None
         self._live: Any = None
         self._tb: Any = None
         self._http: Any = None
@@ -88,8 +88,12 @@ class RunMonitor:
                         self._tb.add_scalar(f"train/{k}", v, rec["step"])
                 self._tb.flush()
         if progress:
-            elapsed = max(1e-6, time.monotonic() - self._t0)
-            self.values["rollout_tokens_per_s"] = progress.get("model_tokens", 0) / elapsed
+            now, tokens = time.monotonic(), float(progress.get("model_tokens", 0))
+            if self._last_tokens is not None and now > self._last_tokens[0]:
+                rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
+                old = self.values.get("rollout_tokens_per_s")  # smoothed over ~30 s of polls
+                self.values["rollout_tokens_per_s"] = rate if old is None else old + 0.1 * (rate - old)
+            self._last_tokens = (now, tokens)
             self.values["queue_length"] = float(progress.get("queue_length", 0))
             if progress.get("version") is not None:
                 self.values["served_version"] = float(progress["version"])

@@ -12,23 +12,13 @@ from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.env.registry import EnvResources
 from agentrl.env.retool import ReToolEnv
-from agentrl.rewards import MathVerifier, RewardInput
-from agentrl.sandbox import make_sandbox
+from agentrl.rewards import RewardInput
 from agentrl.types import FinishReason, Task
 
 
 @pytest.fixture(scope="module")
-async def resources():
-    sandbox = make_sandbox("local", max_concurrency=4)
-    if hasattr(sandbox, "start"):
-        await sandbox.start()
-    verifier = MathVerifier(workers=1)
-    await verifier.start()
-    try:
-        yield EnvResources(sandbox=sandbox, verifier=verifier)
-    finally:
-        await verifier.aclose()
-        await sandbox.aclose()
+def resources(env_resources: EnvResources) -> EnvResources:
+    return env_resources
 
 
 async def test_code_runs_and_state_carries_across_turns(resources):

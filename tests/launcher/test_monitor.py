@@ -1,0 +1,33 @@
+"""The run monitor: metrics.jsonl lines become Prometheus gauges (real HTTP endpoint) and TensorBoard events."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from agentrl.launcher.monitor import RunMonitor
+
+
+def test_gauges_and_tensorboard_follow_the_trainer_metrics(tmp_path: Path):
+    (tmp_path / "logs").mkdir()
+    mon = RunMonitor(tmp_path, total_steps=3, live=False, prometheus_port=0, tensorboard=True)
+    try:
+        with open(tmp_path / "metrics.jsonl", "w") as f:
+            f.write(json.dumps({"step": 1, "weight_version": 1, "reward_mean": 0.25, "staleness_mean": 0.5,
+                                "staleness_max": 1, "loss": 0.1}) + "\n")
+            f.write('{"step": 2, "weight_version": 2, "rew')  # a line being written: not read yet
+        mon.update({"model_tokens": 100, "queue_length": 7, "version": 1})
+        mon.update({"model_tokens": 300, "queue_length": 3, "version": 1})
+        assert mon.values["step"] == 1 and mon.values["reward_mean"] == 0.25
+        assert mon.values["rollout_tokens_per_s"] > 0 and mon.values["queue_length"] == 3
+        body = urllib.request.urlopen(mon.metrics_url, timeout=5).read().decode()
+        assert "agentrl_reward_mean 0.25" in body and "agentrl_queue_length 3.0" in body
+        assert (tmp_path / "logs" / "metrics_url").read_text() == mon.metrics_url
+        with open(tmp_path / "metrics.jsonl", "a") as f:
+            f.write('ard_mean": 0.75, "staleness_mean": 0, "staleness_max": 0}\n')
+        mon.update(None)
+        assert mon.values["step"] == 2 and mon.values["reward_mean"] == 0.75
+    finally:
+        mon.close()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
