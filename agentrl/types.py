@@ -23,7 +23,7 @@ import enum
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -57,8 +57,7 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
+class ToolCall(NamedTuple):
     """A tool call parsed from the model's text; ``error`` is set when the call was malformed."""
 
     name: str
@@ -67,8 +66,7 @@ class ToolCall:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ToolResult:
+class ToolResult(NamedTuple):
     """What a tool answered. ``status`` is the run status (``Finished | Error | TimeLimitExceeded``) for code,
     ``ok`` for other tools, or ``malformed`` / ``unknown_tool`` / ``budget`` for calls that never ran."""
 
@@ -82,12 +80,12 @@ class ToolResult:
         return self.status in ("Finished", "ok")
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(NamedTuple):
     """One model turn: the text it generated, the tool calls in it and their results, and timings.
 
     ``token_start``/``token_end`` delimit the model tokens of the turn in ``Trajectory.token_ids``;
-    ``observation_len`` tokens of tool output follow them.
+    ``observation_len`` tokens of tool output follow them. (Turn, ToolCall and ToolResult are immutable named
+    tuples rather than dataclasses: a trainer decodes thousands per second, and a tuple is built ~5x faster.)
     """
 
     index: int
@@ -105,7 +103,12 @@ class Turn:
 ARRAYS: dict[str, str] = {"token_ids": "<i4", "loss_mask": "u1", "behavior_logprobs": "<f4", "weight_versions": "<i4"}
 
 
+_DTYPES = {name: np.dtype(code) for name, code in ARRAYS.items()}
+
+
 def _readonly_array(value: Any, dtype: str, name: str) -> np.ndarray:
+    if type(value) is np.ndarray and value.dtype == _DTYPES[name] and value.ndim == 1 and not value.flags.writeable:
+        return value  # already frozen and typed (e.g. decoded from the wire): nothing to do
     arr = np.asarray(value, dtype=dtype)
     if arr is value and arr.flags.writeable:
         arr = arr.copy()  # never freeze the caller's own array
@@ -144,7 +147,7 @@ class Trajectory:
                 raise SchemaError(f"{name} has {len(getattr(self, name))} entries, expected {n} (one per token)")
         if not 0 <= self.prompt_len <= n:
             raise SchemaError(f"prompt_len {self.prompt_len} is outside [0, {n}]")
-        if self.loss_mask[: self.prompt_len].any():
+        if np.count_nonzero(self.loss_mask[: self.prompt_len]):
             raise SchemaError("prompt tokens must have loss_mask 0")
 
     def __eq__(self, other: object) -> bool:
@@ -237,15 +240,11 @@ def _from_wire(w: Any) -> Trajectory:
             "producer and consumer must run the same agentrl version"
         )
     try:
-        turns = tuple(
-            Turn(
-                index=u[0], text=u[1], token_start=u[2], token_end=u[3], observation_len=u[4],
-                tool_calls=tuple(ToolCall(name=c[0], arguments=c[1], raw=c[2], error=c[3]) for c in u[5]),
-                tool_results=tuple(ToolResult(name=r[0], status=r[1], output=r[2], latency_s=r[3]) for r in u[6]),
-                generate_s=u[7], tool_s=u[8],
-            )
+        turns = tuple([
+            Turn(u[0], u[1], u[2], u[3], u[4], tuple([ToolCall(*c) for c in u[5]]),
+                 tuple([ToolResult(*r) for r in u[6]]), u[7], u[8])
             for u in w["turns"]
-        )
+        ])
         return Trajectory(
             trajectory_id=w["trajectory_id"],
             prompt_id=w["prompt_id"],

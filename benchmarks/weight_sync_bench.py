@@ -2,7 +2,8 @@
 
 raw:     safetensors ``save_file`` of the full state dict (+ config) into a folder, then SGLang
          ``/update_weights_from_disk``.
-agentrl: ``Trainer.export_hf`` (FSDP2 full state dict gathered to rank 0, atomic HF folder with tokenizer) +
+agentrl: ``Trainer.export_hf(durable=False)`` as the trainer worker publishes (FSDP2 full state dict gathered to
+         rank 0, atomic HF folder with tokenizer, no fsync: the checkpoint is the durable copy) +
          ``WeightRegistry.publish`` (Redis) + the rollout side's reload (pause → ``/update_weights_from_disk`` →
          continue), as the scheduler does it.
 Both against the same SGLang server (CPU), the same model, alternating rounds; figures are medians.
@@ -57,7 +58,7 @@ async def bench(model: str, rounds: int) -> None:
 
             version += 1
             t0 = time.perf_counter()
-            path = trainer.export_hf(work / f"v{version}")
+            path = trainer.export_hf(work / f"v{version}", durable=False)
             await registry.publish(version, str(path), step=version, metrics={})
             wv = await registry.wait_for(version, timeout_s=60)
             await client.pause("abort")

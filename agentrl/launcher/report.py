@@ -46,6 +46,7 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         "groups_failed": rollout_stats.get("groups_failed", 0),
         "groups_filtered": rollout_stats.get("groups_filtered", 0),
         "trainer_restarts": trainer_restarts,
+        "engine_restarts": rollout_stats.get("engine_restarts", 0),
         "wall_time_s": round(wall_time_s, 2),
         "reward_first": rewards[0] if rewards else None,
         "reward_last": rewards[-1] if rewards else None,
@@ -85,7 +86,8 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
               f"produced {summary['trajectories_produced']} = consumed {summary['trajectories_consumed']} + "
               f"dropped stale {summary['trajectories_dropped_stale']} + dropped invalid "
               f"{summary['trajectories_dropped_invalid']} + left in queue {summary['trajectories_left_in_queue']}"
-              f" → balanced: {summary['books_balanced']}; trainer restarts: {summary['trainer_restarts']}", ""]
+              f" → balanced: {summary['books_balanced']}; trainer restarts: {summary['trainer_restarts']}, "
+              f"SGLang server restarts: {summary.get('engine_restarts', 0)}", ""]
     if plot:
         lines += [f"![reward, accuracy and staleness]({plot.name})", ""]
     (run_dir / "report.md").write_text("\n".join(lines))

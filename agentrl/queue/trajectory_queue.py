@@ -74,6 +74,7 @@ class TrajectoryQueue:
         self._ack = redis_client.register_script(_scripts.ACK)
         self._dead_letter = redis_client.register_script(_scripts.DEAD_LETTER)
         self._renew = redis_client.register_script(_scripts.RENEW)
+        self._read = redis_client.register_script(_scripts.READ)
         self._group_ready = False
         self._delivered: dict[str, tuple[bytes, bytes]] = {}  # entry id -> (trajectory id, version), until acked
         self._recover_from: str | None = "0"  # own pending entries are re-delivered first (restart recovery)
@@ -164,9 +165,29 @@ class TrajectoryQueue:
             entries = await self._decode(raw, recovered=True)
             if entries:
                 return entries
-        block_ms = int(timeout_s * 1000) if timeout_s > 0 else None
-        raw = await self._xreadgroup(consumer, ">", count, max(1, block_ms) if block_ms is not None else None)
+        raw, payloads = await self._read_waiting(consumer, count)  # one round trip when entries are waiting
+        if raw or timeout_s <= 0:
+            return await self._decode(raw, payloads=payloads)
+        raw = await self._xreadgroup(consumer, ">", count, max(1, int(timeout_s * 1000)))
         return await self._decode(raw)
+
+    async def _read_waiting(self, consumer: str, count: int) -> tuple[list[_RawEntry], dict[Any, bytes | None]]:
+        args = [self.group, consumer, count]
+        try:
+            reply = await self._call(lambda: self._read(keys=[self.stream, self._payloads], args=args), "read")
+        except QueueError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._group_ready = False  # the stream was deleted under us: recreate the group, once
+            await self._ensure_group()
+            reply = await self._call(lambda: self._read(keys=[self.stream, self._payloads], args=args), "read")
+        raw: list[_RawEntry] = []
+        payloads: dict[Any, bytes | None] = {}
+        for entry_id, flat, payload in reply:
+            raw.append((entry_id, dict(zip(flat[::2], flat[1::2]))))
+            if payload is not None:
+                payloads[entry_id] = payload
+        return raw, payloads
 
     async def ack(self, entry_ids: Sequence[str]) -> int:
         """Acknowledge and delete entries (after the step that used them is committed). Idempotent; returns
@@ -279,8 +300,10 @@ class TrajectoryQueue:
             reply = await self._retry.call(op, what=f"read from queue {self.stream!r}")
         return list(reply[0][1]) if reply else []
 
-    async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False) -> list[QueueEntry]:
-        payloads = await self._payloads_of(raw)
+    async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False,
+                      payloads: dict[Any, bytes | None] | None = None) -> list[QueueEntry]:
+        if payloads is None:
+            payloads = await self._payloads_of(raw)
         good: list[QueueEntry] = []
         bad: list[tuple[str, str]] = []
         for entry_id, fields in raw:

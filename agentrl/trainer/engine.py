@@ -224,9 +224,10 @@ class Trainer:
         self.weight_version = int(doc["weight_version"])
         return dict(doc.get("extra", {}))
 
-    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
-        """Atomically write the current weights as an HF folder (safetensors, config, tokenizer files)."""
-        return storage.export_hf(self._policy, self._source, Path(path), dtype)
+    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None, *, durable: bool = True) -> Path:
+        """Atomically write the current weights as an HF folder (safetensors, config, tokenizer files);
+        ``durable=False`` skips the fsync (for versions a checkpoint can re-create)."""
+        return storage.export_hf(self._policy, self._source, Path(path), dtype, durable=durable)
 
     def close(self) -> None:
         """Free the model and destroy the process group if this trainer created it. Idempotent."""

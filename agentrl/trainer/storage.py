@@ -54,9 +54,14 @@ def partial_path(target: Path) -> Path:
     return target.parent / f".{target.name}.partial"
 
 
-def publish_dir(tmp: Path, target: Path) -> None:
-    """Rename a finished temp folder to ``target``, replacing an existing one (rank 0 only)."""
-    for f in tmp.rglob("*"):
+def publish_dir(tmp: Path, target: Path, *, durable: bool = True) -> None:
+    """Rename a finished temp folder to ``target``, replacing an existing one (rank 0 only).
+
+    ``durable``: fsync the files first, so ``target`` survives a machine crash whole (checkpoints). Without it the
+    rename is still atomic for every reader on this machine; what a crash may lose is re-created from the last
+    checkpoint (how the trainer treats published weight versions).
+    """
+    for f in tmp.rglob("*") if durable else ():
         if f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -66,6 +71,8 @@ def publish_dir(tmp: Path, target: Path) -> None:
         target.rename(old)
     tmp.rename(target)
     shutil.rmtree(old, ignore_errors=True)
+    if not durable:
+        return
     fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -208,6 +215,25 @@ def _write_safetensors(sd: dict[str, torch.Tensor], out: Path) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
 
 
+def intact_hf_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a config and safetensors files whose headers parse and whose sizes match them
+    (what a crash before the data reached the disk breaks). Reads headers only."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not (folder / "config.json").is_file() or not files:
+        return False
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if f.stat().st_size != 8 + n + end:
+            return False
+    return True
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     """Tokenizer files never change between versions: hard-link them (no copy) when on the same filesystem."""
     try:
@@ -216,11 +242,13 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | None = None) -> Path:
+def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | None = None, *,
+              durable: bool = True) -> Path:
     """Write the current weights as an HF folder: safetensors, config, generation config, tokenizer files.
 
     Collective: every rank joins the gather; rank 0 writes into a temp folder and renames it to ``target``.
     Non-weight files (tokenizer, chat template, generation config) are copied from the ``source`` folder.
+    ``durable=False`` skips the fsync (see :func:`publish_dir`).
     """
     rank = dist.get_rank()
     sd = full_state_dict(model)
@@ -239,6 +267,6 @@ def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | 
         config.use_cache = True
         config.dtype = dtype or torch.float32
         config.save_pretrained(str(tmp))
-        publish_dir(tmp, target)
+        publish_dir(tmp, target, durable=durable)
     dist.barrier()
     return target

@@ -28,6 +28,7 @@ from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.queue.base import QueueEntry
 from agentrl.trainer import Trace, Trainer, TrainerConfig, broadcast_object, latest_checkpoint
+from agentrl.trainer.storage import intact_hf_folder
 from agentrl.types import Trajectory
 
 logger = logging.getLogger("agentrl.trainer.worker")
@@ -145,6 +146,9 @@ async def train(run_dir: Path) -> None:
         with Trainer(TrainerConfig(model=str(policy), **cfg.trainer)) as trainer:
             if ckpt is not None:
                 extra = trainer.load_checkpoint(ckpt)
+                current = run_dir / "weights" / f"v{trainer.weight_version}"
+                if trainer.weight_version > 0 and not broadcast_object(intact_hf_folder(current) if r0 else None):
+                    trainer.export_hf(current)  # published versions are not fsynced: a crash may have cut it
                 if r0 is not None:
                     await r0.queue.ack(extra.get("entry_ids", []))  # idempotent: finishes an interrupted ack
                     await _republish(r0, run_dir, trainer.weight_version, trainer.step)
@@ -191,7 +195,7 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
     m = trainer.rl_step(batch, current_version=trainer.weight_version)
     new_version = trainer.weight_version
     target = run_dir / "weights" / f"v{new_version}"
-    trainer.export_hf(target)
+    trainer.export_hf(target, durable=False)  # a cache for SGLang: a resume re-exports it from the checkpoint
     if r0 is not None:
         r0.unacked += [e.entry_id for e in entries]
     if new_version % cfg.checkpoint_every == 0 or new_version == cfg.steps:
