@@ -98,6 +98,13 @@ class Turn(NamedTuple):
     generate_s: float = 0.0
     tool_s: float = 0.0
 
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, with named fields all the way down (``_asdict`` would leave the calls as bare tuples)."""
+        d = self._asdict()
+        d["tool_calls"] = [c._asdict() for c in self.tool_calls]
+        d["tool_results"] = [r._asdict() for r in self.tool_results]
+        return d
+
 
 #: per-token arrays of a trajectory and their dtypes (little-endian on the wire)
 ARRAYS: dict[str, str] = {"token_ids": "<i4", "loss_mask": "u1", "behavior_logprobs": "<f4", "weight_versions": "<i4"}

@@ -1,3 +1,5 @@
+import json
+
 import msgpack
 import pytest
 
@@ -86,3 +88,13 @@ def test_decoding_is_zero_copy_and_json_dict_has_plain_lists():
     t = Trajectory.from_msgpack(make_traj().to_msgpack())
     assert not t.token_ids.flags.owndata  # a view on the payload bytes
     json.dumps(t.to_dict())  # plain Python types only
+
+
+def test_turn_as_dict_names_every_field_down_to_the_calls():
+    turn = Turn(index=0, text="x", token_start=1, token_end=2,
+                tool_calls=(ToolCall(name="python", arguments={"code": "1"}),),
+                tool_results=(ToolResult(name="python", status="Finished", output="1\n"),))
+    d = turn.as_dict()
+    assert d["tool_calls"] == [{"name": "python", "arguments": {"code": "1"}, "raw": "", "error": None}]
+    assert d["tool_results"][0]["status"] == "Finished" and d["text"] == "x"
+    assert json.loads(json.dumps(d)) == d

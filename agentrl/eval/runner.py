@@ -8,7 +8,6 @@ run again and count in the metrics. It stops early, with the records so far, whe
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -85,7 +84,7 @@ def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
     d["behavior_logprobs"] = [finite(x) for x in d["behavior_logprobs"]]
     d["reward"] = finite(traj.reward)
     d["reward_breakdown"] = {k: finite(v) for k, v in traj.reward_breakdown.items()}
-    d["turns"] = [dataclasses.asdict(t) for t in traj.turns]
+    d["turns"] = [t.as_dict() for t in traj.turns]
     return d
 
 
