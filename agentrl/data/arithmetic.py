@@ -32,6 +32,7 @@ SFT_TEMPLATES = (
     Template("A farmer plants {a} rows of {b} trees, then {c} trees die. How many trees are left?",
              "{a} * {b} - {c}"),
     Template("What is ({a} + {b}) * {c}?", "({a} + {b}) * {c}"),
+    Template("What is {c} * ({a} + {b})?", "{c} * ({a} + {b})"),
 )
 
 NEW_TEMPLATES = (
@@ -44,6 +45,9 @@ NEW_TEMPLATES = (
     Template("There are {c} bags with {a} red and {b} blue marbles in each. How many marbles are there?",
              "({a} + {b}) * {c}"),
     Template("Subtract {c} from the product of {a} and {b}.", "{a} * {b} - {c}"),
+    Template("Multiply {c} by the sum of {a} and {b}.", "{c} * ({a} + {b})"),
+    Template("A club has {c} teams, each with {a} players and {b} coaches. How many people are in the club?",
+             "{c} * ({a} + {b})"),
 )
 
 HELDOUT_TEMPLATES = (

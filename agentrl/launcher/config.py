@@ -117,6 +117,8 @@ class RunConfig(_Section):
     model: str = "tiny"
     steps: int = Field(2, ge=1)  # RL steps; the final weight version equals this
     checkpoint_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)  # older ones are deleted (a 135M checkpoint with Adam state is ~1.7 GB)
+    keep_weight_versions: int | None = Field(4, ge=2)  # published versions kept besides v0 (null: all)
     log_rollouts: Literal["none", "summary", "full"] = "summary"  # runs/<name>/rollouts.jsonl
     engine: EngineSection = Field(default_factory=EngineSection)
     redis: RedisSection = Field(default_factory=RedisSection)

@@ -179,6 +179,22 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return max(done, key=lambda p: (p / STATE_FILE).stat().st_mtime_ns, default=None)
 
 
+def prune_checkpoints(root: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Delete all but the ``keep`` most recent completed checkpoints under ``root`` (rank 0, after a save);
+    unfinished ``.partial`` folders are left to the save that owns them. Returns what was deleted."""
+    root = Path(root)
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the checkpoint a resume needs), got {keep}")
+    if not root.is_dir():
+        return []
+    done = sorted((p for p in root.iterdir() if not p.name.startswith(".") and (p / STATE_FILE).exists()),
+                  key=lambda p: (p / STATE_FILE).stat().st_mtime_ns)
+    old = done[:-keep]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
+
+
 def full_state_dict(model: ScoredLM) -> dict[str, torch.Tensor]:
     """The HF state dict gathered on rank 0 (CPU); empty on other ranks. Tied weights appear once."""
     raw = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.queue.base import QueueEntry
 from agentrl.trainer import Trace, Trainer, TrainerConfig, broadcast_object, latest_checkpoint
-from agentrl.trainer.storage import intact_hf_folder
+from agentrl.trainer.storage import intact_hf_folder, prune_checkpoints
 from agentrl.types import Trajectory
 
 logger = logging.getLogger("agentrl.trainer.worker")
@@ -173,8 +174,24 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
 
 
 def queue_capacity(cfg: RunConfig) -> int:
-    """Room for η + 2 steps of groups: producers block beyond that (backpressure, never drops)."""
-    return max(16, (cfg.rollout.max_staleness + 2) * cfg.rollout.groups_per_step * cfg.rollout.n_samples)
+    """Unacknowledged entries the stream may hold before producers block (backpressure, never drops): the
+    ``checkpoint_every`` steps read but not yet acknowledged (acks wait for the checkpoint), plus η + 1 steps
+    ahead. Any less and a trainer between checkpoints could wait for entries the blocked producers hold."""
+    r = cfg.rollout
+    return max(16, (cfg.checkpoint_every + r.max_staleness + 1) * r.groups_per_step * r.n_samples)
+
+
+def prune_weight_versions(cfg: RunConfig, run_dir: Path, latest: int) -> None:
+    """Delete published versions older than the last ``keep_weight_versions`` (v0 stays: a resume starts from
+    it). The rollout side loads a version within η + 1 of the trainer's, and a restarted SGLang server loads the
+    latest one, so only the newest few are ever read again."""
+    keep = cfg.keep_weight_versions
+    if keep is None:
+        return
+    root = run_dir / "weights"
+    for old in root.glob("v*") if root.is_dir() else ():
+        if old.name[1:].isdigit() and 0 < int(old.name[1:]) <= latest - keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 async def _republish(r0: _Rank0, run_dir: Path, version: int, step: int) -> None:
@@ -204,6 +221,7 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
         if r0 is not None:
             await r0.queue.ack(ids)  # only now: the checkpoint that includes these steps is on disk
             r0.unacked.clear()
+            prune_checkpoints(run_dir / "checkpoints", cfg.keep_checkpoints)
     if r0 is None:
         return
     record = {**m.as_dict(), "step": trainer.step, "weight_version": new_version, "wait_s": wait_s,
@@ -211,6 +229,7 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
     await r0.registry.publish(new_version, str(target), step=trainer.step,
                               metrics={"reward_mean": m.reward_mean, "loss": m.loss})
     append_metrics(run_dir, record)
+    prune_weight_versions(cfg, run_dir, new_version)
     logger.info("step %d → v%d reward %.3f trajs %d tokens %d staleness %.2f (%.1fs, waited %.1fs)",
                 trainer.step, new_version, m.reward_mean, m.num_trajectories, m.tokens, m.staleness_mean,
                 record["time_s"], wait_s)
