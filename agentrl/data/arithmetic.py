@@ -11,6 +11,7 @@ Everything is seeded: the same seed gives the same problems.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -79,6 +80,17 @@ def make_problem(template: Template, rng: random.Random, *, index: int, family: 
     answer = eval(expr, {"__builtins__": {}})  # our own template arithmetic, never model text
     return Problem(Task(id=f"{family}-{index}", prompt=template.text.format(a=a, b=b, c=c), answer=str(answer),
                         metadata={"family": family, "expr": expr}), expr)
+
+
+def template_of(prompt: str, templates: tuple[Template, ...]) -> Template | None:
+    """The template a prompt was made from (None if none matches)."""
+    for t in templates:
+        pattern = re.escape(t.text)
+        for name in ("a", "b", "c"):
+            pattern = pattern.replace(re.escape("{" + name + "}"), r"\d+")
+        if re.fullmatch(pattern, prompt):
+            return t
+    return None
 
 
 def problems(family: str, n: int, *, seed: int = 0) -> list[Problem]:

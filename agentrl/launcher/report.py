@@ -76,6 +76,7 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
                 lines.append(f"| {name} | {summary[f'heldout_accuracy_{label}']:.3f} | "
                              f"{summary[f'heldout_reward_{label}']:.3f} |")
         lines.append("")
+    lines += _per_wording(run_dir)
     lines += ["## Training", "", "| step | version | reward | staleness mean/max | trajectories | tokens | time s |",
               "|---|---|---|---|---|---|---|"]
     for r in records:
@@ -91,6 +92,32 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
     if plot:
         lines += [f"![reward, accuracy and staleness]({plot.name})", ""]
     (run_dir / "report.md").write_text("\n".join(lines))
+
+
+def _per_wording(run_dir: Path) -> list[str]:
+    """Held-out accuracy per problem wording (the demo's arithmetic templates), for each evaluated policy."""
+    from agentrl.data.arithmetic import FAMILIES, template_of
+
+    labels = [(k, n) for k, n in (("before", "base"), ("sft", "SFT"), ("after", "RL"))
+              if (run_dir / f"eval_{k}.jsonl").exists()]
+    counts: dict[str, dict[str, list[int]]] = {}
+    for label, _ in labels:
+        for line in (run_dir / f"eval_{label}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            template = template_of(rec.get("prompt", ""), FAMILIES["heldout"])
+            if template is None:
+                return []  # not the arithmetic held-out set: nothing to break down
+            right = counts.setdefault(template.text, {}).setdefault(label, [0, 0])
+            right[0] += bool(rec.get("correct"))
+            right[1] += 1
+    if not counts:
+        return []
+    lines = ["### Per held-out wording", "", "| wording | " + " | ".join(n for _, n in labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for text, by in counts.items():
+        cells = [f"{by[k][0]}/{by[k][1]}" if k in by else "" for k, _ in labels]
+        lines.append(f"| {text} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _plot(run_dir: Path, records: list[dict[str, Any]], summary: dict[str, Any]) -> Path | None:

@@ -1,0 +1,54 @@
+"""The end-of-run books and report, from the files a run leaves (no processes needed)."""
+
+from __future__ import annotations
+
+import json
+
+from agentrl.data.arithmetic import FAMILIES, problems, template_of
+from agentrl.launcher.config import RunConfig
+from agentrl.launcher.report import summarize, write_report
+
+
+def _run_dir(tmp_path):
+    steps = [{"step": k, "weight_version": k, "reward_mean": 0.5 + 0.1 * k, "num_trajectories": 8,
+              "dropped_stale": 1 if k == 2 else 0, "staleness_mean": 0.5, "staleness_max": 1, "tokens": 100,
+              "time_s": 2.0} for k in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    heldout = problems("heldout", 8)
+    for label, right in (("sft", {0, 1}), ("after", {0, 1, 2, 4, 5})):
+        recs = [{"prompt": p.task.prompt, "correct": i in right} for i, p in enumerate(heldout)]
+        (tmp_path / f"eval_{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return tmp_path
+
+
+def test_books_balance_only_when_every_trajectory_is_accounted_for(tmp_path):
+    run = _run_dir(tmp_path)
+    evals = {"sft": {"accuracy": 0.25, "reward_mean": 0.3}, "after": {"accuracy": 0.625, "reward_mean": 0.7}}
+    kw = dict(evals=evals, served_version=3, engine_url="http://x", trainer_restarts=0, wall_time_s=1.0)
+    ok = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 29, "engine_restarts": 1},
+                   queue_left=4, **kw)
+    assert ok["books_balanced"] and ok["trajectories_consumed"] == 24 and ok["trajectories_dropped_stale"] == 1
+    assert ok["engine_restarts"] == 1 and ok["final_weight_version"] == 3
+    assert ok["heldout_accuracy_after"] == 0.625 and ok["heldout_accuracy_sft"] == 0.25
+    lost = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 30}, queue_left=4, **kw)
+    assert not lost["books_balanced"]
+
+
+def test_report_breaks_held_out_accuracy_down_by_wording(tmp_path):
+    run = _run_dir(tmp_path)
+    summary = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 29},
+                        evals={"sft": {"accuracy": 0.25, "reward_mean": 0.3},
+                               "after": {"accuracy": 0.625, "reward_mean": 0.7}},
+                        served_version=3, engine_url="http://x", queue_left=4, trainer_restarts=0, wall_time_s=1.0)
+    write_report(run, summary)
+    report = (run / "report.md").read_text()
+    assert "| after cold-start SFT | 0.250 |" in report and "| after RL | 0.625 |" in report
+    first = FAMILIES["heldout"][0].text
+    assert f"| {first} | 1/2 | 2/2 |" in report  # problems 0 and 4 are the first wording
+    assert "balanced: True" in report
+
+
+def test_template_of_finds_the_wording_and_nothing_else():
+    p = problems("heldout", 1)[0]
+    assert template_of(p.task.prompt, FAMILIES["heldout"]) is FAMILIES["heldout"][0]
+    assert template_of("What is 2 + 2?", FAMILIES["heldout"]) is None
