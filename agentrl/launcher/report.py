@@ -66,8 +66,8 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
     records = read_metrics(run_dir)
     plot = _plot(run_dir, records, summary)
     lines = [f"# Run `{summary['run']}`", "",
-             f"Model `{summary['model']}`, engine {summary['engine']}, {summary['steps']} RL steps, "
-             f"final weight version {summary['final_weight_version']}, wall time {summary['wall_time_s']:.0f} s.", ""]
+             (f"Model `{summary['model']}`, engine {summary['engine']}, {summary['steps']} RL steps, "
+             f"final weight version {summary['final_weight_version']}, wall time {summary['wall_time_s']:.0f} s."), ""]
     if any(k.startswith("heldout_accuracy") for k in summary):
         lines += ["## Held-out accuracy (wordings never seen in SFT)", "", "| policy | accuracy | reward |",
                   "|---|---|---|"]
@@ -84,11 +84,11 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
                      f"{r.get('staleness_mean', 0):.2f}/{r.get('staleness_max', 0)} | {r.get('num_trajectories')} | "
                      f"{r.get('tokens')} | {r.get('time_s', 0):.1f} |")
     lines += ["", "## Books", "",
-              f"produced {summary['trajectories_produced']} = consumed {summary['trajectories_consumed']} + "
+              (f"produced {summary['trajectories_produced']} = consumed {summary['trajectories_consumed']} + "
               f"dropped stale {summary['trajectories_dropped_stale']} + dropped invalid "
               f"{summary['trajectories_dropped_invalid']} + left in queue {summary['trajectories_left_in_queue']}"
               f" → balanced: {summary['books_balanced']}; trainer restarts: {summary['trainer_restarts']}, "
-              f"SGLang server restarts: {summary.get('engine_restarts', 0)}", ""]
+              f"SGLang server restarts: {summary.get('engine_restarts', 0)}"), ""]
     if plot:
         lines += [f"![reward, accuracy and staleness]({plot.name})", ""]
     (run_dir / "report.md").write_text("\n".join(lines))

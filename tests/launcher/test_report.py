@@ -24,7 +24,7 @@ def _run_dir(tmp_path):
 def test_books_balance_only_when_every_trajectory_is_accounted_for(tmp_path):
     run = _run_dir(tmp_path)
     evals = {"sft": {"accuracy": 0.25, "reward_mean": 0.3}, "after": {"accuracy": 0.625, "reward_mean": 0.7}}
-    kw = dict(evals=evals, served_version=3, engine_url="http://x", trainer_restarts=0, wall_time_s=1.0)
+    kw = {"evals": evals, "served_version": 3, "engine_url": "http://x", "trainer_restarts": 0, "wall_time_s": 1.0}
     ok = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 29, "engine_restarts": 1},
                    queue_left=4, **kw)
     assert ok["books_balanced"] and ok["trajectories_consumed"] == 24 and ok["trajectories_dropped_stale"] == 1
