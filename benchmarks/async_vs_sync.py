@@ -3,8 +3,10 @@
 sync  = η 0: rollout for step k waits for version k-1, the trainer waits for the rollout (strictly alternating);
 async = η 1: rollout of step k+1 overlaps training of step k.
 Rollout (with its SGLang server) is pinned to core 0 and the trainer to core 1, so each side has its own
-resources as on a cluster. Model: SmolLM2-135M-Instruct without SFT (timing only). Last line:
-``async_speedup=… sync_s=… async_s=…`` (target ≥ 1.6).
+resources as on a cluster. Model: SmolLM2-135M-Instruct without SFT (timing only). As one sizes a cluster so that
+neither side idles, the precisions are chosen so that a rollout step and a trainer step take similar time here
+(SGLang bf16, trainer fp32 by default: the speedup is bounded by (R + T) / max(R, T)); the table prints both.
+Last line: ``async_speedup=… sync_s=… async_s=…`` (target ≥ 1.6).
 """
 
 from __future__ import annotations
@@ -13,21 +15,23 @@ import argparse
 import asyncio
 import json
 import tempfile
+from pathlib import Path
 
 from agentrl.launcher.config import load_config
 from agentrl.launcher.driver import run_training
 
 
-def config(runs: str, name: str, eta: int, steps: int, model: str) -> dict:
+def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype: str, trainer_dtype: str) -> dict:
     return {
         "name": name, "runs_dir": runs, "model": model, "steps": steps, "seed": 0,
+        "engine": {"dtype": engine_dtype},
         "sft": {"enabled": False},
         "data": {"train": "rl", "num_heldout": 0},
         "rollout": {"n_samples": 4, "groups_per_step": 4, "max_staleness": eta, "max_running_groups": 8,
                     "max_new_tokens": 64, "max_turns": 2, "max_response_tokens": 128, "max_context_tokens": 512,
                     "temperature": 1.0, "update_mode": "interrupt"},
         "env": {"name": "retool", "options": {"format_weight": 0.1}},
-        "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 4096},
+        "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 4096, "dtype": trainer_dtype},
         "resources": {"rollout_cores": [0], "trainer_cores": [1]},
         "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
         "log_rollouts": "none",
@@ -38,14 +42,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--engine-dtype", default="bfloat16")
+    ap.add_argument("--trainer-dtype", default="fp32", choices=["fp32", "bf16"])
     args = ap.parse_args()
     out = {}
     with tempfile.TemporaryDirectory() as runs:
         for mode, eta in (("sync", 0), ("async", 1)):
-            cfg = load_config(None, base=config(runs, mode, eta, args.steps, args.model))
+            cfg = load_config(None, base=config(runs, mode, eta, args.steps, args.model, args.engine_dtype,
+                                                args.trainer_dtype))
             summary = asyncio.run(run_training(cfg))
             out[mode] = summary
+            rows = [json.loads(x) for x in (Path(runs) / mode / "metrics.jsonl").read_text().splitlines()]
+            train_s = sum(r["time_s"] - r["wait_s"] for r in rows) / len(rows)  # a trainer step without waiting
             print(f"{mode:6s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
+                  f"train_step_s={train_s:5.1f}  trainer_wait_s={sum(r['wait_s'] for r in rows) / len(rows):5.1f}  "
                   f"staleness_max={summary['staleness_max']}  tokens={summary['rollout_model_tokens']}", flush=True)
     sync_s, async_s = out["sync"]["rl_wall_s"], out["async"]["rl_wall_s"]
     print(json.dumps({k: {kk: v[kk] for kk in ("rl_wall_s", "staleness_mean", "staleness_max")} for k, v in out.items()}))
