@@ -110,7 +110,7 @@ def _make_sample(
     ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
     t = torch.as_tensor(scored, dtype=torch.long)
     behav_t = (
-        torch.as_tensor(np.asarray(behav, dtype=np.float32))[t]
+        torch.from_numpy(np.asarray(behav, dtype=np.float32)[scored])  # fancy indexing: a writable copy
         if behav is not None
         else torch.zeros(t.numel())
     )
