@@ -71,3 +71,29 @@ class Environment(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class SingleTurnEnv(Environment):
+    """One model turn, scored by ``self.reward`` against the task: subclasses set ``system_prompt`` and
+    ``reward`` and check in :meth:`validate` that a task carries what their reward needs."""
+
+    system_prompt: str
+    reward: Any  # an async callable (task, RewardInput) -> RewardResult
+    task: Task | None = None
+
+    def validate(self, task: Task) -> None:
+        """Raise ConfigError when ``task`` lacks what this environment's reward needs."""
+
+    async def reset(self, task: Task) -> list[dict[str, Any]]:
+        self.validate(task)
+        self.task = task
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*system, {"role": "user", "content": task.prompt}]
+
+    async def step(self, text: str) -> StepResult:
+        return StepResult(None, True)
+
+    async def score(self, response: RewardInput) -> RewardResult:
+        if self.task is None:
+            raise RuntimeError("score() called before reset()")
+        return await self.reward(self.task, response)  # type: ignore[no-any-return]

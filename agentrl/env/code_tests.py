@@ -7,12 +7,10 @@ never a score of 0.
 
 from __future__ import annotations
 
-from typing import Any
-
-from agentrl.env.base import Environment, StepResult
+from agentrl.env.base import SingleTurnEnv
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError
-from agentrl.rewards import CodeTestsReward, RewardInput, RewardResult, parse_tests
+from agentrl.rewards import CodeTestsReward, parse_tests
 from agentrl.sandbox.base import Limits
 from agentrl.types import Task
 
@@ -22,7 +20,7 @@ SYSTEM_PROMPT = (
 )
 
 
-class CodeTestsEnv(Environment):
+class CodeTestsEnv(SingleTurnEnv):
     """Programming problems scored by their tests in the sandbox (pass rate, or 0/1 with ``binary``)."""
 
     name = "code_tests"
@@ -35,20 +33,8 @@ class CodeTestsEnv(Environment):
         self.reward = CodeTestsReward(resources.sandbox, limits=Limits(time_s=time_limit_s, memory_mb=memory_mb),
                                       binary=binary,
                                       max_concurrency=max_concurrency)
-        self.task: Task | None = None
 
-    async def reset(self, task: Task) -> list[dict[str, Any]]:
+    def validate(self, task: Task) -> None:
         if "tests" not in task.metadata:
             raise ConfigError(f"task {task.id!r} has no metadata['tests']; the code_tests environment needs them")
         parse_tests(task.metadata["tests"])  # a bad test spec is the dataset's error: say so before generating
-        self.task = task
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*system, {"role": "user", "content": task.prompt}]
-
-    async def step(self, text: str) -> StepResult:
-        return StepResult(None, True)
-
-    async def score(self, response: RewardInput) -> RewardResult:
-        if self.task is None:
-            raise RuntimeError("score() called before reset()")
-        return await self.reward(self.task, response)

@@ -5,18 +5,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from agentrl.env.base import Environment, StepResult
+from agentrl.env.base import SingleTurnEnv
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError
-from agentrl.rewards import FormatReward, MathReward, RewardFn, RewardInput, RewardResult, WeightedReward
+from agentrl.rewards import FormatReward, MathReward, RewardFn, WeightedReward
 from agentrl.types import Task
 
 SYSTEM_PROMPT = "Solve the math problem. Reason step by step, then put the final answer in \\boxed{}."
 
 
-class MathEnv(Environment):
+class MathEnv(SingleTurnEnv):
     """Math without tools: one model turn, reward 1 if its last ``\\boxed{}`` equals the reference answer."""
 
     name = "math"
@@ -30,19 +28,7 @@ class MathEnv(Environment):
         if format_weight:
             components["format"] = (FormatReward(check_tool_calls=False), format_weight)
         self.reward = WeightedReward(components)
-        self.task: Task | None = None
 
-    async def reset(self, task: Task) -> list[dict[str, Any]]:
+    def validate(self, task: Task) -> None:
         if task.answer is None:
             raise ConfigError(f"task {task.id!r} has no reference answer; the math environment needs Task.answer")
-        self.task = task
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*system, {"role": "user", "content": task.prompt}]
-
-    async def step(self, text: str) -> StepResult:
-        return StepResult(None, True)
-
-    async def score(self, response: RewardInput) -> RewardResult:
-        if self.task is None:
-            raise RuntimeError("score() called before reset()")
-        return await self.reward(self.task, response)
