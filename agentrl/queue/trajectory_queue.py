@@ -173,14 +173,8 @@ class TrajectoryQueue:
 
     async def _read_waiting(self, consumer: str, count: int) -> tuple[list[_RawEntry], dict[Any, bytes | None]]:
         args = [self.group, consumer, count]
-        try:
-            reply = await self._call(lambda: self._read(keys=[self.stream, self._payloads], args=args), "read")
-        except QueueError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            self._group_ready = False  # the stream was deleted under us: recreate the group, once
-            await self._ensure_group()
-            reply = await self._call(lambda: self._read(keys=[self.stream, self._payloads], args=args), "read")
+        reply = await self._regrouping(
+            lambda: self._call(lambda: self._read(keys=[self.stream, self._payloads], args=args), "read"))
         raw: list[_RawEntry] = []
         payloads: dict[Any, bytes | None] = {}
         for entry_id, flat, payload in reply:
@@ -290,15 +284,19 @@ class TrajectoryQueue:
             async with asyncio.timeout(self._op_timeout_s + (block_ms or 0) / 1000):
                 return await self._redis.xreadgroup(self.group, consumer, {self.stream: start},
                                                     count=count, block=block_ms)
+        reply = await self._regrouping(lambda: self._retry.call(op, what=f"read from queue {self.stream!r}"))
+        return list(reply[0][1]) if reply else []
+
+    async def _regrouping(self, read: Any) -> Any:
+        """``await read()``; if the stream was deleted under us (NOGROUP), recreate the group and read once more."""
         try:
-            reply = await self._retry.call(op, what=f"read from queue {self.stream!r}")
+            return await read()
         except QueueError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self._group_ready = False  # the stream was deleted under us: recreate the group, once
-            await self._ensure_group()
-            reply = await self._retry.call(op, what=f"read from queue {self.stream!r}")
-        return list(reply[0][1]) if reply else []
+        self._group_ready = False
+        await self._ensure_group()
+        return await read()
 
     async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False,
                       payloads: dict[Any, bytes | None] | None = None) -> list[QueueEntry]:
