@@ -48,6 +48,20 @@ async def test_read_times_out_empty(client: redis.asyncio.Redis, name: str) -> N
     assert await queue(client, name).read(4, timeout_s=0) == []
 
 
+async def test_a_stream_deleted_under_the_consumer_gets_its_group_back(
+        client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name)
+    await q.put([make_trajectory()])
+    assert len(await q.read(4, timeout_s=0)) == 1  # the group exists now
+    await client.delete(name)  # e.g. an operator's cleanup
+    assert await q.read(4, timeout_s=0) == []  # non-blocking path (READ script): NOGROUP → group recreated
+    await client.delete(name)
+    assert await q.read(4, timeout_s=0.05) == []  # again, now also through the blocking XREADGROUP wait
+    sent = make_trajectory()
+    await queue(client, name, consumer=None).put([sent])
+    assert [e.trajectory for e in await q.read(4, timeout_s=1)] == [sent]
+
+
 async def test_put_is_idempotent_per_trajectory_id(client: redis.asyncio.Redis, name: str) -> None:
     q = queue(client, name)
     t = make_trajectory()
