@@ -2,24 +2,28 @@
 
 Keys of a queue on stream S (all in one hash slot when S contains a ``{hash tag}``):
 
-- ``S``            the stream; entry fields ``i`` (trajectory id) and ``v`` (oldest weight version). An entry may
-                   also carry its payload inline in field ``t`` (what a foreign producer's plain XADD would do);
-- ``S:payloads``   hash  trajectory id -> msgpack payload, for the entries ``put`` made;
+- ``S``            the stream; entry fields ``i`` (trajectory id), ``v`` (oldest weight version) and ``t`` (the
+                   msgpack payload, inline: one copy on the server, read back by a plain XREADGROUP);
 - ``S:versions``   hash  version -> number of unacknowledged entries of that version;
-- ``S:ids``        hash  trajectory id -> entry id, for entries in the stream (makes ``put`` retries idempotent);
+- ``S:ids``        hash  trajectory id -> ``+`` for entries in the stream (makes ``put`` retries idempotent);
+- ``S:payloads``   hash  trajectory id -> payload: where earlier builds of the queue kept payloads beside the stream;
+                   still read and cleaned up (a resumed run dir), never written;
 - ``S:dead``       dead-letter stream: fields ``id``, ``error``, ``consumer``, ``payload``.
 
-Payloads travel outside the scripts on purpose: handing a 50 KB argument to Lua copies it twice, which cost more
-than the XADD itself (Redis 7 worst). ``put`` writes the payload with a plain HSET *before* the script adds
-the entry, in the same pipeline, so a consumer never sees an entry whose payload is not there yet.
+No script ever receives or returns a payload on the hot path: moving a 50 KB string through Lua copies it twice
+and cost 2x a plain XADD on Redis 7 (measured: ``benchmarks/queue_bench.py``). So ``put`` is two round trips:
+ADMIT (small: trajectory ids) picks the entries that fit and are not queued yet, then one MULTI/EXEC adds each
+with a plain XADD together with its ``S:ids`` marker and ``S:versions`` count (all or nothing), and ``read`` is a
+plain XREADGROUP.
 
-Invariant kept by the scripts: an entry is in ``S`` iff it is counted in ``S:versions`` and indexed in
-``S:ids``; acknowledging deletes it and its payload (the stream holds exactly the unacknowledged entries, so
-``XLEN S`` is the queue length used for backpressure).
+Invariant: an entry is in ``S`` iff it is counted in ``S:versions`` and marked in ``S:ids`` (the MULTI adds all
+three, ACK removes all three); the stream holds exactly the unacknowledged entries, so ``XLEN S`` is the queue
+length used for backpressure.
 """
 
 # Removes entry `id` (already XACK-ed) from the stream, its payload and the side tables. `tid`/`ver` are its
-# fields 'i' and 'v' when the caller knows them, else false (then they are read from the (small) entry).
+# fields 'i' and 'v' when the caller knows them (it saw them at delivery), else false: then they are read
+# from the entry, which copies its payload into Lua (only for entries delivered before a consumer restarted).
 # Returns its payload, or '' when it has none.
 _FORGET = """
 local function forget(id, tid, ver, want_payload)
@@ -36,67 +40,34 @@ local function forget(id, tid, ver, want_payload)
     if redis.call('HINCRBY', KEYS[2], ver, -1) <= 0 then redis.call('HDEL', KEYS[2], ver) end
   end
   if tid then
-    if redis.call('HGET', KEYS[3], tid) == id then redis.call('HDEL', KEYS[3], tid) end
+    redis.call('HDEL', KEYS[3], tid)
     if want_payload and payload == '' then payload = redis.call('HGET', KEYS[4], tid) or '' end
-    redis.call('HDEL', KEYS[4], tid)
+    redis.call('HDEL', KEYS[4], tid)  -- a payload an older agentrl kept beside the stream
   end
   redis.call('XDEL', KEYS[1], id)
   return payload
 end
 """
 
-# KEYS: S, S:versions, S:ids, S:payloads.  ARGV: capacity, then (trajectory_id, version) pairs whose payloads
-# the caller wrote to S:payloads just before. Admits the longest prefix of the batch that fits under `capacity`
-# unacknowledged entries and whose payloads are there; a trajectory id already in the stream is not added again
-# (its existing entry id is returned). Returns the entry ids of the admitted prefix.
-PUT = """
+# KEYS: S, S:ids.  ARGV: capacity, then trajectory ids (distinct).  The admission half of ``put``: one reply per
+# leading id, stopping at the first one that does not fit under `capacity` unacknowledged entries:
+#   ''  admitted: the caller adds it now (MULTI: XADD + S:ids marker + S:versions count);
+#   '+' already queued (a retried put whose first try got in): the caller finds its entry id.
+# Admission does not reserve: concurrent producers may together go over `capacity` by one chunk each.
+ADMIT = """
 local cap = tonumber(ARGV[1])
 local len = redis.call('XLEN', KEYS[1])
 local out = {}
-for i = 2, #ARGV, 2 do
-  local tid, ver = ARGV[i], ARGV[i + 1]
-  local existing = redis.call('HGET', KEYS[3], tid)
-  if existing and not redis.call('XRANGE', KEYS[1], existing, existing)[1] then existing = false end
-  if existing then
-    out[#out + 1] = existing
+for i = 2, #ARGV do
+  if len > 0 and redis.call('HEXISTS', KEYS[2], ARGV[i]) == 1 then
+    out[#out + 1] = '+'
   else
-    if len >= cap or redis.call('HEXISTS', KEYS[4], tid) == 0 then break end
-    local id = redis.call('XADD', KEYS[1], '*', 'i', tid, 'v', ver)
-    redis.call('HSET', KEYS[3], tid, id)
-    redis.call('HINCRBY', KEYS[2], ver, 1)
+    if len >= cap then break end
     len = len + 1
-    out[#out + 1] = id
+    out[#out + 1] = ''
   end
 end
 return out
-"""
-
-# KEYS: S, S:payloads.  ARGV: group, consumer, count.  A non-blocking XREADGROUP of new entries that also fetches
-# their payloads: one round trip instead of two when entries are waiting (the consumer falls back to a blocking
-# XREADGROUP, then HMGET, when there are none). Returns (entry id, flat field list, payload or false) triples.
-READ = """
-local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], '>')
-if not r then return {} end
-local out = {}
-for k, e in ipairs(r[1][2]) do
-  local f, tid, inline = e[2], false, false
-  for j = 1, #f, 2 do
-    if f[j] == 'i' then tid = f[j + 1] elseif f[j] == 't' then inline = true end
-  end
-  local payload = false
-  if tid and not inline then payload = redis.call('HGET', KEYS[2], tid) end
-  out[k] = {e[1], f, payload}
-end
-return out
-"""
-
-# KEYS: S:ids, S:payloads.  ARGV: trajectory ids whose payloads a put wrote but could not enqueue. Deletes those
-# payloads, except for ids that are in the stream (a retried put of an entry already queued).
-UNSTAGE = """
-for i = 1, #ARGV do
-  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then redis.call('HDEL', KEYS[2], ARGV[i]) end
-end
-return 1
 """
 
 # KEYS: S, S:versions, S:ids, S:payloads.  ARGV: group, then (entry id, trajectory id, version) triples where the

@@ -19,13 +19,15 @@ Exactly-once training, and the trainer's queue position in a checkpoint:
    those entries now belong to another consumer. Use a stable consumer name per trainer rank.
 
 A producer's retry after a lost reply cannot duplicate: ``put`` skips trajectory ids already in the stream.
-Payloads live beside the stream in ``<stream>:payloads`` (why, and every key: ``_scripts.py``).
+Payloads travel inline in the stream entry; no Lua script touches them on the hot path (every key, and why:
+``_scripts.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from types import TracebackType
@@ -69,12 +71,10 @@ class TrajectoryQueue:
         self._op_timeout_s, self._max_deliveries = op_timeout_s, max_deliveries
         self._full_poll_s, self._max_batch_bytes = full_poll_s, max_batch_bytes
         self._dead_maxlen = dead_letter_maxlen
-        self._put_sha = redis_client.register_script(_scripts.PUT).sha  # run inside a pipeline: see _put_chunk
-        self._unstage = redis_client.register_script(_scripts.UNSTAGE)
+        self._admit = redis_client.register_script(_scripts.ADMIT)
         self._ack = redis_client.register_script(_scripts.ACK)
         self._dead_letter = redis_client.register_script(_scripts.DEAD_LETTER)
         self._renew = redis_client.register_script(_scripts.RENEW)
-        self._read = redis_client.register_script(_scripts.READ)
         self._group_ready = False
         self._delivered: dict[str, tuple[bytes, bytes]] = {}  # entry id -> (trajectory id, version), until acked
         self._recover_from: str | None = "0"  # own pending entries are re-delivered first (restart recovery)
@@ -94,33 +94,65 @@ class TrajectoryQueue:
         while items:
             chunk = self._chunk(items)
             admitted = await self._call(partial(self._put_chunk, chunk), "put")
-            ids.extend(_str(i) for i in admitted)
+            ids.extend(admitted)
             items = items[len(admitted):]
             if items and len(admitted) < len(chunk):
-                try:
-                    await self._wait_for_room(deadline, ids, len(ids) + len(items))
-                except QueueFullError:  # the refused payloads were written: take them back
-                    refused = [tid for tid, _, _ in chunk[len(admitted):]]
-                    await self._call(partial(self._unstage, keys=self._keys[2:], args=refused), "put cleanup")
-                    raise
+                await self._wait_for_room(deadline, ids, len(ids) + len(items))
         return ids
 
-    async def _put_chunk(self, chunk: list[tuple[str, str, bytes]]) -> list[Any]:
-        """One round trip: HSET the payloads, then the PUT script adds the entries that fit (see _scripts)."""
-        args: list[Any] = [len(self._keys), *self._keys, self.capacity]
-        for tid, version, _ in chunk:
-            args.extend((tid, version))
-        for attempt in (1, 2):
-            try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.hset(self._payloads, mapping={tid: payload for tid, _, payload in chunk})
-                    pipe.evalsha(self._put_sha, *args)
-                    return list((await pipe.execute())[1])
-            except redis.exceptions.NoScriptError:  # a restarted server forgot its scripts
-                if attempt == 2:
-                    raise
-                await self._redis.script_load(_scripts.PUT)
-        raise AssertionError("unreachable")  # pragma: no cover
+    async def _put_chunk(self, chunk: list[tuple[str, str, bytes]]) -> list[str]:
+        """ADMIT the leading entries that fit, then add them in one MULTI (see _scripts); their entry ids.
+
+        A retry of the whole call after a lost reply is safe: ADMIT answers '+' for what the first try added."""
+        firsts: dict[str, int] = {}  # a trajectory id twice in one call is queued once
+        for k, (tid, _, _) in enumerate(chunk):
+            firsts.setdefault(tid, k)
+        distinct = [chunk[k] for k in sorted(firsts.values())]
+        reply = await self._admit(keys=[self.stream, self._keys[2]],
+                                  args=[self.capacity, *(tid for tid, _, _ in distinct)])
+        status = dict(zip((tid for tid, _, _ in distinct), (_str(r) for r in reply)))
+        fresh = [item for item in distinct if status.get(item[0]) == ""]
+        if fresh:
+            per_version = Counter(version for _, version, _ in fresh)
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for tid, version, payload in fresh:
+                    pipe.xadd(self.stream, {"i": tid, "v": version, "t": payload})
+                pipe.hset(self._keys[2], mapping=dict.fromkeys((tid for tid, _, _ in fresh), "+"))
+                for version, n in per_version.items():
+                    pipe.hincrby(self._keys[1], version, n)
+                added = await pipe.execute()
+            for (tid, _, _), entry_id in zip(fresh, added):
+                status[tid] = _str(entry_id)
+        if any(v == "+" for v in status.values()):
+            await self._find_queued(status)
+        out = []
+        for tid, _, _ in chunk:  # the admitted prefix, in order
+            if not status.get(tid):
+                break
+            out.append(status[tid])
+        return out
+
+    async def _find_queued(self, status: dict[str, str]) -> None:
+        """Entry ids of trajectories ADMIT says are already queued ('+'): a put retried after its reply was lost.
+        Rare, so a scan of the stream is fine. A marker whose entry is gone (stream deleted behind our back) is
+        dropped and the trajectory admitted again by the caller's next round."""
+        wanted = {tid for tid, v in status.items() if v == "+"}
+        start: Any = "-"
+        while wanted:
+            batch = await self._redis.xrange(self.stream, min=start, count=256)
+            for entry_id, fields in batch:
+                tid = _str(fields.get(b"i", b""))
+                if tid in wanted:
+                    status[tid] = _str(entry_id)
+                    wanted.discard(tid)
+            if len(batch) < 256:
+                break
+            start = "(" + _str(batch[-1][0])
+        for tid in wanted:  # stale markers
+            await self._redis.hdel(self._keys[2], tid)
+            status[tid] = ""
+        if wanted:
+            log.warning("queue %r: %d stale 'already queued' markers dropped", self.stream, len(wanted))
 
     def _chunk(self, items: list[tuple[str, str, bytes]]) -> list[tuple[str, str, bytes]]:
         size, n = 0, 0
@@ -165,23 +197,8 @@ class TrajectoryQueue:
             entries = await self._decode(raw, recovered=True)
             if entries:
                 return entries
-        raw, payloads = await self._read_waiting(consumer, count)  # one round trip when entries are waiting
-        if raw or timeout_s <= 0:
-            return await self._decode(raw, payloads=payloads)
-        raw = await self._xreadgroup(consumer, ">", count, max(1, int(timeout_s * 1000)))
+        raw = await self._xreadgroup(consumer, ">", count, max(1, int(timeout_s * 1000)) if timeout_s > 0 else None)
         return await self._decode(raw)
-
-    async def _read_waiting(self, consumer: str, count: int) -> tuple[list[_RawEntry], dict[Any, bytes | None]]:
-        args = [self.group, consumer, count]
-        reply = await self._regrouping(
-            lambda: self._call(lambda: self._read(keys=[self.stream, self._payloads], args=args), "read"))
-        raw: list[_RawEntry] = []
-        payloads: dict[Any, bytes | None] = {}
-        for entry_id, flat, payload in reply:
-            raw.append((entry_id, dict(zip(flat[::2], flat[1::2]))))
-            if payload is not None:
-                payloads[entry_id] = payload
-        return raw, payloads
 
     async def ack(self, entry_ids: Sequence[str]) -> int:
         """Acknowledge and delete entries (after the step that used them is committed). Idempotent; returns
@@ -298,10 +315,8 @@ class TrajectoryQueue:
         await self._ensure_group()
         return await read()
 
-    async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False,
-                      payloads: dict[Any, bytes | None] | None = None) -> list[QueueEntry]:
-        if payloads is None:
-            payloads = await self._payloads_of(raw)
+    async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False) -> list[QueueEntry]:
+        payloads = await self._payloads_of(raw)
         good: list[QueueEntry] = []
         bad: list[tuple[str, str]] = []
         for entry_id, fields in raw:
@@ -331,7 +346,7 @@ class TrajectoryQueue:
         return good
 
     async def _payloads_of(self, raw: list[_RawEntry]) -> dict[Any, bytes | None]:
-        """Payloads of the entries that do not carry theirs inline, from S:payloads in one HMGET."""
+        """Payloads of entries an earlier build of the queue kept beside the stream (S:payloads), in one HMGET."""
         need = [(eid, fields[b"i"]) for eid, fields in raw if eid is not None and fields
                 and b"t" not in fields and b"i" in fields]
         if not need:

@@ -54,7 +54,7 @@ async def test_a_stream_deleted_under_the_consumer_gets_its_group_back(
     await q.put([make_trajectory()])
     assert len(await q.read(4, timeout_s=0)) == 1  # the group exists now
     await client.delete(name)  # e.g. an operator's cleanup
-    assert await q.read(4, timeout_s=0) == []  # non-blocking path (READ script): NOGROUP → group recreated
+    assert await q.read(4, timeout_s=0) == []  # non-blocking XREADGROUP: NOGROUP → group recreated
     await client.delete(name)
     assert await q.read(4, timeout_s=0.05) == []  # again, now also through the blocking XREADGROUP wait
     sent = make_trajectory()
@@ -67,7 +67,36 @@ async def test_put_is_idempotent_per_trajectory_id(client: redis.asyncio.Redis, 
     t = make_trajectory()
     first = await q.put([t])
     assert await q.put([t]) == first  # a producer retry after a lost reply does not duplicate
+    assert await q.put([t, t]) == first * 2  # nor twice in one call
     assert (await q.stats()).length == 1
+
+
+async def test_put_retried_after_a_lost_reply_adds_nothing_twice(client: redis.asyncio.Redis, name: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    q = queue(client, name, retry=RetryPolicy(attempts=3, base_delay_s=0.001))
+    sent = [make_trajectory(tag=str(i)) for i in range(5)]
+    real, lost = q._put_chunk, []
+
+    async def reply_lost(chunk: list) -> list[str]:
+        ids = await real(chunk)  # the server added them ...
+        if not lost:
+            lost.append(ids)
+            raise redis.exceptions.ConnectionError("connection reset by peer")  # ... the reply never came
+        return ids
+
+    monkeypatch.setattr(q, "_put_chunk", reply_lost)
+    ids = await q.put(sent)
+    assert ids == lost[0]  # the retry found the entries the first try added
+    assert [e.trajectory for e in await q.read(10, timeout_s=1)] == sent  # each once, in order
+
+
+async def test_stale_queued_marker_does_not_swallow_a_trajectory(client: redis.asyncio.Redis, name: str) -> None:
+    q = queue(client, name)
+    await q.put([make_trajectory(tag="other")])
+    t = make_trajectory(tag="t")
+    await client.hset(f"{name}:ids", t.trajectory_id, "+")  # marker left over, its entry gone (e.g. an XDEL by hand)
+    [entry_id] = await q.put([t])
+    assert [e.entry_id for e in await q.read(10, timeout_s=1)][-1] == entry_id
 
 
 async def test_dead_consumer_entries_are_reclaimed_and_trained_once(client: redis.asyncio.Redis,
@@ -152,7 +181,7 @@ async def test_full_queue_put_timeout_says_what_got_in(client: redis.asyncio.Red
     with pytest.raises(QueueFullError, match="stayed full") as err:
         await q.put(batch, timeout_s=0.2)
     assert len(err.value.enqueued_ids) == 2
-    assert await client.hlen(f"{name}:payloads") == 2  # the refused payload was taken back
+    assert await client.xlen(name) == await client.hlen(f"{name}:ids") == 2  # the refused one left no trace
     assert [e.trajectory for e in await q.read(5, timeout_s=1)] == batch[:2]
 
 
