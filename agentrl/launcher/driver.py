@@ -28,7 +28,7 @@ from agentrl.env import default_registry
 from agentrl.errors import TrainerError
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.monitor import RunMonitor
-from agentrl.launcher.resources import load_imports, sft_traces_file
+from agentrl.launcher.resources import load_imports, pin_to_cores, sft_traces_file
 from agentrl.models import resolve_model
 from agentrl.queue import connect_redis
 from agentrl.tokenizer import ChatTokenizer
@@ -80,7 +80,7 @@ def _actor_classes() -> tuple[Any, Any]:
         def __init__(self, run_dir: str, env: dict[str, str], cores: list[int] | None) -> None:
             os.environ.update(env)
             if cores:
-                os.sched_setaffinity(0, set(cores))
+                pin_to_cores(cores)
             self.run_dir = Path(run_dir)
             _log_to(self.run_dir / "logs" / f"trainer-{env.get('RANK', '0')}.log")
 

@@ -18,6 +18,22 @@ from agentrl.tokenizer import ChatTokenizer, tokenize_trace
 from agentrl.types import Task
 
 
+def pin_to_cores(cores: list[int]) -> None:
+    """Pin every thread of this process (and so every child it starts later) to ``cores``.
+
+    ``os.sched_setaffinity(0, …)`` pins only the calling thread: a Ray actor runs its methods on other threads
+    than the one that would call it, and those floated onto the other side's cores (the rollout worker ran
+    on the trainer's core in the async benchmark)."""
+    import os
+
+    wanted = set(cores)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), wanted)
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # the thread ended meanwhile
+
+
 def load_imports(imports: list[str]) -> None:
     """Import user modules (``pkg.module``) or files (``path/to/file.py``) so their decorators register
     environments and tools in this process. Each file is imported once per process."""

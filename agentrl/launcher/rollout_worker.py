@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -23,7 +22,7 @@ from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.evaluate import EvalOutcome, evaluate
-from agentrl.launcher.resources import load_imports, make_env_resources, tasks_from
+from agentrl.launcher.resources import load_imports, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.tokenizer import ChatTokenizer
@@ -76,7 +75,7 @@ class RolloutWorker:
         cfg, stack = self.cfg, self._stack
         load_imports(cfg.imports)  # user environments register in this process too
         if cfg.resources.rollout_cores is not None:
-            os.sched_setaffinity(0, set(cfg.resources.rollout_cores))  # the SGLang child inherits it
+            pin_to_cores(cfg.resources.rollout_cores)  # SGLang and the sandboxes inherit it
         base_model = resolve_model(cfg.model)
         self.tok = ChatTokenizer.from_pretrained(base_model)
         handle = await connect_redis(self.redis_url)
