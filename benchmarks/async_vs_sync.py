@@ -21,7 +21,8 @@ from agentrl.launcher.config import load_config
 from agentrl.launcher.driver import run_training
 
 
-def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype: str, trainer_dtype: str) -> dict:
+def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype: str, trainer_dtype: str,
+           update_mode: str, pause_mode: str) -> dict:
     return {
         "name": name, "runs_dir": runs, "model": model, "steps": steps, "seed": 0,
         "engine": {"dtype": engine_dtype},
@@ -29,7 +30,7 @@ def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype:
         "data": {"train": "rl", "num_heldout": 0},
         "rollout": {"n_samples": 4, "groups_per_step": 4, "max_staleness": eta, "max_running_groups": 8,
                     "max_new_tokens": 64, "max_turns": 2, "max_response_tokens": 128, "max_context_tokens": 512,
-                    "temperature": 1.0, "update_mode": "interrupt"},
+                    "temperature": 1.0, "update_mode": update_mode, "pause_mode": pause_mode},
         "env": {"name": "retool", "options": {"format_weight": 0.1}},
         "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 4096, "dtype": trainer_dtype},
         "resources": {"rollout_cores": [0], "trainer_cores": [1]},
@@ -44,19 +45,25 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--engine-dtype", default="bfloat16")
     ap.add_argument("--trainer-dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--update-mode", default="interrupt", choices=["interrupt", "drain", "abort_restart"])
+    ap.add_argument("--pause-mode", default="retract", choices=["retract", "in_place", "abort"],
+                    help="how 'interrupt' pauses SGLang: retract recomputes the KV cache of in-flight requests on "
+                         "the new weights, in_place keeps it (PipelineRL-style), abort resumes them client-side")
     args = ap.parse_args()
     out = {}
     with tempfile.TemporaryDirectory() as runs:
         for mode, eta in (("sync", 0), ("async", 1)):
             cfg = load_config(None, base=config(runs, mode, eta, args.steps, args.model, args.engine_dtype,
-                                                args.trainer_dtype))
+                                                args.trainer_dtype, args.update_mode, args.pause_mode))
             summary = asyncio.run(run_training(cfg))
             out[mode] = summary
             rows = [json.loads(x) for x in (Path(runs) / mode / "metrics.jsonl").read_text().splitlines()]
             train_s = sum(r["time_s"] - r["wait_s"] for r in rows) / len(rows)  # a trainer step without waiting
             print(f"{mode:6s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
                   f"train_step_s={train_s:5.1f}  trainer_wait_s={sum(r['wait_s'] for r in rows) / len(rows):5.1f}  "
-                  f"staleness_max={summary['staleness_max']}  tokens={summary['rollout_model_tokens']}", flush=True)
+                  f"staleness_max={summary['staleness_max']}  tokens={summary['rollout_model_tokens']}  "
+                  f"reload_s={summary['reload_s_mean'] or 0:.2f}  episodes_restarted={summary['episodes_restarted']}",
+                  flush=True)
     sync_s, async_s = out["sync"]["rl_wall_s"], out["async"]["rl_wall_s"]
     print(json.dumps({k: {kk: v[kk] for kk in ("rl_wall_s", "staleness_mean", "staleness_max")} for k, v in out.items()}))
     print(f"async_speedup={sync_s / async_s:.2f} sync_s={sync_s:.1f} async_s={async_s:.1f}")
