@@ -21,7 +21,7 @@ def test_every_thread_and_later_children_are_pinned() -> None:
         done.wait(10)
         seen["other"] = os.sched_getaffinity(0)  # this thread's own mask
         child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
-                               capture_output=True, text=True, timeout=60)
+                               capture_output=True, text=True, timeout=60, check=True)
         seen["child"] = set(json.loads(child.stdout))
 
     t = threading.Thread(target=other_thread)

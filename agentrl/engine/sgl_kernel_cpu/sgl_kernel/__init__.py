@@ -6,6 +6,9 @@ its own import path). It implements only what the torch-native CPU path needs:
 
 - ``assign_req_to_token_pool_cpu``: write each request's new KV-cache slot indices into the request→token table.
 
+Importing it also installs two CPU fast paths into SGLang (``_fast_paths``): batched decode attention and a
+faster exact sampler.
+
 Every other name imports (SGLang imports several eagerly under ``if _is_cpu``) but raises ``NotImplementedError``
 with a clear message when called. No op is registered under ``torch.ops.sgl_kernel``, so SGLang's AMX probe
 (``convert_weight_packed``) fails and it runs torch-native kernels.
@@ -62,3 +65,8 @@ def __getattr__(name: str) -> _Unavailable:  # PEP 562: every name this stand-in
     if name.startswith("__"):
         raise AttributeError(name)
     return _Unavailable(name)
+
+
+from sgl_kernel._fast_paths import install  # batched decode attention, fast exact sampling
+
+install()

@@ -1,0 +1,133 @@
+"""The CPU fast paths agentrl installs into SGLang (batched decode attention, inverse-CDF sampling): same results
+as the code they replace, installed in the server's processes, and a real server's logprobs match transformers'."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.client import SGLangClient
+from agentrl.engine.server import SGL_KERNEL_CPU_DIR
+
+
+def _load_fast_paths() -> types.ModuleType:
+    """The shim's module on its own (it needs only torch): the test process must not import the shim as sgl_kernel."""
+    path = SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_fast_paths.py"
+    spec = importlib.util.spec_from_file_location("agentrl_test_fast_paths", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dtype"),
+                         [(4, 2, torch.float32), (9, 3, torch.bfloat16), (4, 4, torch.float32)])
+def test_batched_decode_equals_the_per_request_loop(heads: int, kv_heads: int, dtype: torch.dtype) -> None:
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    torch.manual_seed(0)
+    original = TorchNativeAttnBackend._run_sdpa_forward_decode  # this process never imports the shim: unpatched
+    batched = _load_fast_paths().batched_forward_decode(original)
+    n, dim, pool = 5, 16, 4000
+    seq_lens = torch.tensor([1, 7, 300, 64, 129])
+    k_cache, v_cache = torch.randn(pool, kv_heads, dim, dtype=dtype), torch.randn(pool, kv_heads, dim, dtype=dtype)
+    req_to_token = torch.randint(0, pool, (16, 512), dtype=torch.int32)  # junk past each length must not matter
+    req_pool_indices = torch.tensor([9, 2, 0, 15, 4])
+    query = torch.randn(n, heads, dim, dtype=dtype)
+    args = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens)
+    kw = {"scaling": dim ** -0.5, "enable_gqa": heads != kv_heads}
+    want = original(types.SimpleNamespace(), query, torch.empty_like(query), *args, **kw)
+    got = batched(types.SimpleNamespace(), query, torch.empty_like(query), *args, **kw)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("order", ["shim first", "sglang first"])
+def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> None:
+    imports = ["import sgl_kernel", "import sglang.srt.layers.attention.torch_native_backend as m",
+               "import sglang.srt.layers.sampler as s"]
+    if order == "sglang first":  # the backend's own imports pull in sgl_kernel while it is half-initialised ...
+        imports = [imports[1], imports[2]]  # ... and it is patched at the next import
+    probe = ("print(getattr(m.TorchNativeAttnBackend._run_sdpa_forward_decode, 'agentrl_batched', False) and "
+             "getattr(s.sampling_from_probs_torch, 'agentrl_fast', False))")
+    code = "; ".join([*imports, probe])
+    env = {**os.environ, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
+    env["AGENTRL_SGLANG_CPU_PATCHES"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
+
+
+def test_uncovered_calls_go_to_the_original() -> None:
+    calls = []
+
+    def original(*args: object, **kwargs: object) -> str:
+        calls.append(kwargs)
+        return "original"
+
+    batched = _load_fast_paths().batched_forward_decode(original)
+    q = torch.zeros(1, 2, 4)
+    out = batched(None, q, q, q[0], q[0], torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.long),
+                  torch.ones(1, dtype=torch.long), sliding_window_size=16)
+    assert out == "original" and calls[0]["sliding_window_size"] == 16
+
+
+def test_sampler_draws_from_the_given_distribution() -> None:
+    sample = _load_fast_paths().sample_from_probs
+    torch.manual_seed(0)
+    vocab = 1000  # not a multiple of the 256-token block: the padded tail must never be drawn
+    probs = torch.zeros(vocab)
+    probs[[0, 255, 256, 511, 700, 999]] = torch.tensor([0.05, 0.15, 0.1, 0.2, 0.3, 0.2])
+    draws = sample(probs.repeat(200_000, 1)).flatten()
+    assert draws.shape == (200_000,) and int(draws.max()) < vocab
+    counts = torch.bincount(draws, minlength=vocab).double()
+    assert counts[probs == 0].sum() == 0  # never a zero-probability token
+    expected = probs[probs > 0].double() * len(draws)
+    chi2 = float(((counts[probs > 0] - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5  # 5 degrees of freedom: p ≈ 0.001
+
+
+def test_patched_sampler_returns_what_sglangs_returns() -> None:
+    from sglang.srt.layers.sampler import sampling_from_probs_torch  # this process never imports the shim
+
+    fast = _load_fast_paths()._sampler_with_fast_path(sampling_from_probs_torch)
+    probs = torch.softmax(torch.randn(13, 49152) * 4, -1)  # SGLang's shape: rows of a 49k vocabulary
+    want, got = sampling_from_probs_torch(probs), fast(probs)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype) == ((13,), torch.int32)
+
+
+async def test_sglang_logprobs_match_transformers(sglang_url: str, tiny_model_path: Path) -> None:
+    """Greedy and sampled continuations of prompts of different lengths, generated concurrently (so decode batches
+    mix lengths and go through both fast paths), scored again by transformers in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[1, 2, 3], list(range(5, 45)), list(range(100, 230)), [7] * 11]
+    temperatures = [0.0, 1.0]
+    async with SGLangClient(sglang_url) as client:
+        results = await asyncio.gather(*(
+            client.generate(p, SamplingParams(max_new_tokens=24, temperature=t, ignore_eos=True))
+            for t in temperatures for p in prompts))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32).eval()
+    for k, res in enumerate(results):
+        prompt, greedy = prompts[k % len(prompts)], temperatures[k // len(prompts)] == 0.0
+        assert len(res.output_ids) == 24
+        ids = torch.tensor([prompt + res.output_ids])
+        with torch.no_grad():
+            logp = model(ids).logits[0, :-1].float().log_softmax(-1)
+        positions = torch.arange(len(prompt) - 1, ids.shape[1] - 1)
+        hf = logp[positions, ids[0, len(prompt):]]
+        assert hf.tolist() == pytest.approx(res.logprobs, abs=2e-3)
+        if greedy:  # each token SGLang chose is (one of) transformers' argmax
+            assert (logp[positions].max(-1).values - hf).max().item() < 2e-3
