@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -24,8 +25,6 @@ def pin_to_cores(cores: list[int]) -> None:
     ``os.sched_setaffinity(0, …)`` pins only the calling thread: a Ray actor runs its methods on other threads
     than the one that would call it, and those floated onto the other side's cores (the rollout worker ran
     on the trainer's core in the async benchmark)."""
-    import os
-
     wanted = set(cores)
     for tid in os.listdir("/proc/self/task"):
         try:

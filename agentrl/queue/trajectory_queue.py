@@ -148,10 +148,9 @@ class TrajectoryQueue:
             if len(batch) < 256:
                 break
             start = "(" + _str(batch[-1][0])
-        for tid in wanted:  # stale markers
-            await self._redis.hdel(self._keys[2], tid)
-            status[tid] = ""
-        if wanted:
+        if wanted:  # stale markers
+            await self._redis.hdel(self._keys[2], *wanted)
+            status.update(dict.fromkeys(wanted, ""))
             log.warning("queue %r: %d stale 'already queued' markers dropped", self.stream, len(wanted))
 
     def _chunk(self, items: list[tuple[str, str, bytes]]) -> list[tuple[str, str, bytes]]:
@@ -301,19 +300,16 @@ class TrajectoryQueue:
             async with asyncio.timeout(self._op_timeout_s + (block_ms or 0) / 1000):
                 return await self._redis.xreadgroup(self.group, consumer, {self.stream: start},
                                                     count=count, block=block_ms)
-        reply = await self._regrouping(lambda: self._retry.call(op, what=f"read from queue {self.stream!r}"))
-        return list(reply[0][1]) if reply else []
-
-    async def _regrouping(self, read: Any) -> Any:
-        """``await read()``; if the stream was deleted under us (NOGROUP), recreate the group and read once more."""
+        what = f"read from queue {self.stream!r}"
         try:
-            return await read()
+            reply = await self._retry.call(op, what=what)
         except QueueError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-        self._group_ready = False
-        await self._ensure_group()
-        return await read()
+            self._group_ready = False  # the stream was deleted under us: recreate the group, read once more
+            await self._ensure_group()
+            reply = await self._retry.call(op, what=what)
+        return list(reply[0][1]) if reply else []
 
     async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False) -> list[QueueEntry]:
         payloads = await self._payloads_of(raw)
