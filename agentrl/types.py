@@ -13,8 +13,12 @@ re-tokenised):
 
 In a process the per-token arrays are read-only numpy arrays (int32 ids and versions, uint8 mask, float32
 logprobs: the engine computes logprobs in fp32, so float32 is lossless for them); sequences passed to the
-constructor are converted once. On the wire: msgpack of a map with ``schema`` = :data:`SCHEMA_VERSION`, the arrays
-as their little-endian bytes, so encoding is a memory copy and decoding is zero-copy (``np.frombuffer``).
+constructor are converted once. On the wire: one msgpack map ``{schema: SCHEMA_VERSION, token_ids: bin, loss_mask:
+bin, behavior_logprobs: bin, weight_versions: bin, header: {every other field}}``, the arrays as their
+little-endian bytes. Any msgpack decoder reads it. agentrl writes it in that order with 32-bit bin lengths, so
+encoding is one join of the arrays' own memory, and decoding finds the arrays by their offsets and wraps the
+payload's bytes (``np.frombuffer``, zero-copy) while msgpack decodes only the small header; a payload in any
+other order (or the flat map of earlier builds) takes the general msgpack path.
 """
 
 from __future__ import annotations
@@ -192,34 +196,70 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (per-token arrays as lists), e.g. for ``rollouts.jsonl`` and REST results."""
-        d = _to_wire(self)
-        for name in ARRAYS:
-            d[name] = getattr(self, name).tolist()
+        d: dict[str, Any] = {"schema": SCHEMA_VERSION, **_header(self)}
+        d.update((name, getattr(self, name).tolist()) for name in ARRAYS)
         return d
 
     def to_msgpack(self) -> bytes:
-        return msgpack.packb(_to_wire(self), use_bin_type=True)
+        parts: list[Any] = [_WIRE_PREFIX]
+        for name in ARRAYS:
+            arr = getattr(self, name)
+            parts += (_ARRAY_KEYS[name], b"\xc6", arr.nbytes.to_bytes(4, "big"), arr.data.cast("B"))
+        parts += (_HEADER_KEY, msgpack.packb(_header(self), use_bin_type=True))
+        return b"".join(parts)
 
     @classmethod
     def from_msgpack(cls, payload: bytes) -> Trajectory:
-        try:
-            wire = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-        except Exception as exc:  # msgpack raises several unrelated types on garbage
-            raise SchemaError(f"not a msgpack trajectory: {exc}") from exc
+        wire = _split(payload)
+        if wire is None:  # not in our own field order: the general (copying) path
+            try:
+                wire = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            except Exception as exc:  # msgpack raises several unrelated types on garbage
+                raise SchemaError(f"not a msgpack trajectory: {exc}") from exc
+            if isinstance(wire, dict) and isinstance(wire.get("header"), dict):
+                wire = {**wire.pop("header"), **wire}
         return _from_wire(wire)
 
 
-def _to_wire(t: Trajectory) -> dict[str, Any]:
+_WIRE_PREFIX = b"\x86" + msgpack.packb("schema") + msgpack.packb(SCHEMA_VERSION)  # a map of 6: schema, arrays, header
+_ARRAY_KEYS = {name: msgpack.packb(name) for name in ARRAYS}
+_HEADER_KEY = msgpack.packb("header")
+
+
+def _split(payload: bytes) -> dict[str, Any] | None:
+    """The wire map of a payload laid out as ``to_msgpack`` writes it, the arrays as views of ``payload``;
+    None if it is laid out otherwise (then the general msgpack path decides)."""
+    if not isinstance(payload, bytes) or not payload.startswith(_WIRE_PREFIX):
+        return None
+    view, pos, end = memoryview(payload), len(_WIRE_PREFIX), len(payload)
+    wire: dict[str, Any] = {}
+    for name, key in _ARRAY_KEYS.items():
+        if not payload.startswith(key, pos) or payload[pos + len(key):pos + len(key) + 1] != b"\xc6":
+            return None
+        pos += len(key) + 5
+        size = int.from_bytes(payload[pos - 4:pos], "big")
+        if pos + size > end:
+            return None
+        wire[name] = view[pos:pos + size]
+        pos += size
+    if not payload.startswith(_HEADER_KEY, pos):
+        return None
+    try:
+        header = msgpack.unpackb(view[pos + len(_HEADER_KEY):], raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise SchemaError(f"not a msgpack trajectory: its header does not decode: {exc}") from exc
+    if not isinstance(header, dict):
+        raise SchemaError(f"malformed trajectory payload: header is a {type(header).__name__}, expected a map")
+    return {**header, **wire, "schema": SCHEMA_VERSION}
+
+
+def _header(t: Trajectory) -> dict[str, Any]:
+    """Every field but the per-token arrays, JSON- and msgpack-ready."""
     return {
-        "schema": SCHEMA_VERSION,
         "trajectory_id": t.trajectory_id,
         "prompt_id": t.prompt_id,
         "group_id": t.group_id,
-        "token_ids": t.token_ids.tobytes(),
         "prompt_len": t.prompt_len,
-        "loss_mask": t.loss_mask.tobytes(),
-        "behavior_logprobs": t.behavior_logprobs.tobytes(),
-        "weight_versions": t.weight_versions.tobytes(),
         "reward": float(t.reward),
         "finish_reason": t.finish_reason.value,
         "reward_breakdown": dict(t.reward_breakdown),

@@ -9,7 +9,7 @@ calls) through one stream with one producer task and one consumer task running c
 
 So the queue side also pays for turning Trajectory objects into bytes and back, which the raw side does not;
 a third run caches that codec (dictionary look-ups) to show the queue's own transport cost.
-Usage: python benchmarks/queue_bench.py [--n 300] [--batch 32] [--rounds 9] [--url redis://... | --redis-server BIN]
+Usage: python benchmarks/queue_bench.py [--n 1000] [--batch 32] [--rounds 9] [--url redis://... | --redis-server BIN]
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=300, help="trajectories per round and path")
+    ap.add_argument("--n", type=int, default=1000, help="trajectories per round and path")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--url", default=None, help="an external Redis; default: the embedded one in a temp dir")

@@ -3,7 +3,7 @@ import json
 import msgpack
 import pytest
 
-from agentrl.types import SCHEMA_VERSION, FinishReason, SchemaError, ToolCall, ToolResult, Trajectory, Turn
+from agentrl.types import ARRAYS, SCHEMA_VERSION, FinishReason, SchemaError, ToolCall, ToolResult, Trajectory, Turn
 
 
 def make_traj(**over):
@@ -31,6 +31,45 @@ def test_msgpack_round_trip_is_exact():
     assert back.token_ids.tolist() == [5, 6, 7, 100, 101, 200, 201, 102]
     assert back.generated_versions == [0, 1, 1]
     assert back.min_version == 0 and back.num_model_tokens == 3
+
+
+def test_wire_is_plain_msgpack_with_arrays_as_bytes_and_a_nested_header():
+    t = make_traj()
+    wire = msgpack.unpackb(t.to_msgpack())
+    assert list(wire) == ["schema", *ARRAYS, "header"]
+    assert [wire[name] for name in ARRAYS] == [getattr(t, name).tobytes() for name in ARRAYS]
+    assert wire["header"]["trajectory_id"] == "t1" and wire["header"]["metadata"]["nested"] == {"k": [1, 2]}
+
+
+@pytest.mark.parametrize("layout", ["reordered", "flat (earlier builds)", "bin8 lengths"])
+def test_payloads_in_other_layouts_take_the_general_path_to_the_same_trajectory(layout):
+    t = make_traj()
+    wire = msgpack.unpackb(t.to_msgpack())
+    if layout == "reordered":
+        wire = {"header": wire.pop("header"), **wire}
+    elif layout == "flat (earlier builds)":
+        wire = {**wire.pop("header"), **wire}
+    payload = msgpack.packb(wire, use_bin_type=True)  # msgpack's own packer: the shortest bin lengths
+    assert Trajectory.from_msgpack(payload) == t
+
+
+def test_empty_trajectory_round_trips():
+    t = make_traj(token_ids=[], prompt_len=0, loss_mask=[], behavior_logprobs=[], weight_versions=[], turns=())
+    assert Trajectory.from_msgpack(t.to_msgpack()) == t
+
+
+@pytest.mark.parametrize("cut", [3, 20, 60, -5])
+def test_truncated_or_corrupted_payloads_raise_schema_error(cut):
+    payload = make_traj().to_msgpack()
+    with pytest.raises(SchemaError):
+        Trajectory.from_msgpack(payload[:cut])
+    corrupted = bytearray(payload)
+    corrupted[cut] ^= 0xFF
+    try:
+        back = Trajectory.from_msgpack(bytes(corrupted))
+    except SchemaError:
+        return
+    assert back.num_tokens == 8  # a flipped byte inside an array's data decodes (to other numbers), no crash
 
 
 def test_float32_logprobs_from_engine_survive_exactly():

@@ -92,7 +92,8 @@ class RolloutStats:
     groups_restarted_stale: int = 0
     episodes_restarted: int = 0  # abort_restart, or could no longer finish within η
     trajectories_queued: int = 0
-    model_tokens: int = 0
+    model_tokens: int = 0  # model tokens of the queued trajectories
+    generated_tokens: int = 0  # model tokens of every finished episode, also those of groups filtered or dropped
     staleness_max: int = 0  # over queued groups: consuming version − oldest token version
     versions_loaded: list[int] = field(default_factory=list)
     reload_s: list[float] = field(default_factory=list)
@@ -210,7 +211,9 @@ class RolloutScheduler:
             attempt = _Attempt(asyncio.ensure_future(self._one(task, group_id)), self.version)
             self._attempts.add(attempt)
             try:
-                return await attempt.task
+                trajectory = await attempt.task
+                self.stats.generated_tokens += trajectory.num_model_tokens
+                return trajectory
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():

@@ -22,7 +22,7 @@ GAUGES = {
     "reward_mean": "mean reward of the last trained batch",
     "staleness_mean": "mean staleness (versions) of the last trained batch",
     "staleness_max": "max staleness of the last trained batch",
-    "rollout_tokens_per_s": "model tokens generated per second (smoothed)",
+    "rollout_tokens_per_s": "model tokens generated per second, filtered groups included (smoothed)",
     "queue_length": "trajectories in the queue (waiting + pending)",
     "served_version": "weight version the rollout engine serves",
 }
@@ -88,7 +88,8 @@ class RunMonitor:
                         self._tb.add_scalar(f"train/{k}", v, rec["step"])
                 self._tb.flush()
         if progress:
-            now, tokens = time.monotonic(), float(progress.get("model_tokens", 0))
+            # every generated token counts, also those of groups dynamic sampling filtered out
+            now, tokens = time.monotonic(), float(progress.get("generated_tokens", progress.get("model_tokens", 0)))
             if self._last_tokens is not None and now > self._last_tokens[0]:
                 rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
                 old = self.values.get("rollout_tokens_per_s")  # smoothed over ~30 s of polls

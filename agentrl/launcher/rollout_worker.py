@@ -177,7 +177,8 @@ class RolloutWorker:
                 "groups_restarted_stale": stats.groups_restarted_stale,
                 "episodes_restarted": stats.episodes_restarted, "staleness_max_queued": stats.staleness_max,
                 "engine_restarts": sum(m.restarts for m in self.client.stats()) if self.client else 0,
-                "model_tokens": stats.model_tokens, "versions_loaded": stats.versions_loaded,
+                "model_tokens": stats.model_tokens, "generated_tokens": stats.generated_tokens,
+                "versions_loaded": stats.versions_loaded,
                 "reload_s_mean": sum(stats.reload_s) / len(stats.reload_s) if stats.reload_s else None}
 
     async def progress(self) -> dict[str, Any]:
@@ -185,6 +186,7 @@ class RolloutWorker:
         s = self.scheduler.stats if self.scheduler is not None else None
         q = await self.queue.stats()
         return {"groups_queued": s.groups_queued if s else 0, "model_tokens": s.model_tokens if s else 0,
+                "generated_tokens": s.generated_tokens if s else 0,
                 "version": self.scheduler.version if self.scheduler else None,
                 "queue_length": q.length, "queue_pending": q.pending}
 

@@ -5,20 +5,22 @@ Keys of a queue on stream S (all in one hash slot when S contains a ``{hash tag}
 - ``S``            the stream; entry fields ``i`` (trajectory id), ``v`` (oldest weight version) and ``t`` (the
                    msgpack payload, inline: one copy on the server, read back by a plain XREADGROUP);
 - ``S:versions``   hash  version -> number of unacknowledged entries of that version;
-- ``S:ids``        hash  trajectory id -> ``+`` for entries in the stream (makes ``put`` retries idempotent);
+- ``S:ids``        hash  trajectory id -> ``+`` for entries in the stream, set by ADMIT (makes ``put`` retries
+                   idempotent);
 - ``S:payloads``   hash  trajectory id -> payload: where earlier builds of the queue kept payloads beside the stream;
                    still read and cleaned up (a resumed run dir), never written;
 - ``S:dead``       dead-letter stream: fields ``id``, ``error``, ``consumer``, ``payload``.
 
 No script ever receives or returns a payload on the hot path: moving a 50 KB string through Lua copies it twice
 and cost 2x a plain XADD on Redis 7 (measured: ``benchmarks/queue_bench.py``). So ``put`` is two round trips:
-ADMIT (small: trajectory ids) picks the entries that fit and are not queued yet, then one MULTI/EXEC adds each
-with a plain XADD together with its ``S:ids`` marker and ``S:versions`` count (all or nothing), and ``read`` is a
-plain XREADGROUP.
+ADMIT (small: trajectory ids) picks the entries that fit and are not queued yet and marks them in ``S:ids``, then
+one MULTI/EXEC adds each with a plain XADD together with its ``S:versions`` count (all or nothing), and ``read``
+is a plain XREADGROUP.
 
-Invariant: an entry is in ``S`` iff it is counted in ``S:versions`` and marked in ``S:ids`` (the MULTI adds all
-three, ACK removes all three); the stream holds exactly the unacknowledged entries, so ``XLEN S`` is the queue
-length used for backpressure.
+Invariant: an entry is in ``S`` iff it is counted in ``S:versions`` (the MULTI adds both, ACK removes both), and
+every entry in ``S`` is marked in ``S:ids``. A marker without its entry (the producer died between ADMIT and its
+MULTI) is stale: a ``put`` that meets it finds no entry, drops it and admits the trajectory again. The stream holds
+exactly the unacknowledged entries, so ``XLEN S`` is the queue length used for backpressure.
 """
 
 # Removes entry `id` (already XACK-ed) from the stream, its payload and the side tables. `tid`/`ver` are its
@@ -51,7 +53,7 @@ end
 
 # KEYS: S, S:ids.  ARGV: capacity, then trajectory ids (distinct).  The admission half of ``put``: one reply per
 # leading id, stopping at the first one that does not fit under `capacity` unacknowledged entries:
-#   ''  admitted: the caller adds it now (MULTI: XADD + S:ids marker + S:versions count);
+#   ''  admitted and marked in S:ids: the caller adds it now (MULTI: XADD + S:versions count);
 #   '+' already queued (a retried put whose first try got in): the caller finds its entry id.
 # Admission does not reserve: concurrent producers may together go over `capacity` by one chunk each.
 ADMIT = """
@@ -64,6 +66,7 @@ for i = 2, #ARGV do
   else
     if len >= cap then break end
     len = len + 1
+    redis.call('HSET', KEYS[2], ARGV[i], '+')
     out[#out + 1] = ''
   end
 end

@@ -101,7 +101,7 @@ class TrajectoryQueue:
         return ids
 
     async def _put_chunk(self, chunk: list[tuple[str, str, bytes]]) -> list[str]:
-        """ADMIT the leading entries that fit, then add them in one MULTI (see _scripts); their entry ids.
+        """ADMIT (and mark) the leading entries that fit, then add them in one MULTI (see _scripts); their entry ids.
 
         A retry of the whole call after a lost reply is safe: ADMIT answers '+' for what the first try added."""
         firsts: dict[str, int] = {}  # a trajectory id twice in one call is queued once
@@ -117,7 +117,6 @@ class TrajectoryQueue:
             async with self._redis.pipeline(transaction=True) as pipe:
                 for tid, version, payload in fresh:
                     pipe.xadd(self.stream, {"i": tid, "v": version, "t": payload})
-                pipe.hset(self._keys[2], mapping=dict.fromkeys((tid for tid, _, _ in fresh), "+"))
                 for version, n in per_version.items():
                     pipe.hincrby(self._keys[1], version, n)
                 added = await pipe.execute()
@@ -134,8 +133,9 @@ class TrajectoryQueue:
 
     async def _find_queued(self, status: dict[str, str]) -> None:
         """Entry ids of trajectories ADMIT says are already queued ('+'): a put retried after its reply was lost.
-        Rare, so a scan of the stream is fine. A marker whose entry is gone (stream deleted behind our back) is
-        dropped and the trajectory admitted again by the caller's next round."""
+        Rare, so a scan of the stream is fine. A marker without its entry (a producer died between ADMIT and its
+        MULTI, or the stream was deleted behind our back) is dropped and the trajectory admitted again by the
+        caller's next round."""
         wanted = {tid for tid, v in status.items() if v == "+"}
         start: Any = "-"
         while wanted:

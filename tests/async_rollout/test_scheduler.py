@@ -123,6 +123,9 @@ async def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal(chat_to
     assert stats.groups_queued == 4 * B and stats.groups_filtered >= 3  # tasks 0, 3, 6 at least
     assert all(len({t.reward for t in g}) > 1 for g in trainer.puts)
     assert all(int(g[0].prompt_id[1:]) % 3 != 0 for g in trainer.puts)
+    queued = sum(t.num_model_tokens for g in trainer.puts for t in g)
+    assert stats.model_tokens == queued > 0
+    assert stats.generated_tokens >= queued + 6 * stats.groups_filtered  # ≥ 1 token per filtered episode too
 
 
 async def test_a_group_hit_by_an_engine_failure_is_retried_whole(chat_tokenizer):

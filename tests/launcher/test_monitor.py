@@ -31,3 +31,14 @@ def test_gauges_and_tensorboard_follow_the_trainer_metrics(tmp_path: Path):
     finally:
         mon.close()
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_rollout_rate_counts_generated_tokens_of_filtered_groups_too(tmp_path: Path):
+    (tmp_path / "logs").mkdir()
+    mon = RunMonitor(tmp_path, total_steps=3, live=False, prometheus_port=None, tensorboard=False)
+    try:
+        mon.update({"model_tokens": 0, "generated_tokens": 0, "queue_length": 0, "version": 0})
+        mon.update({"model_tokens": 0, "generated_tokens": 500, "queue_length": 0, "version": 0})  # all filtered
+        assert mon.values["rollout_tokens_per_s"] > 0
+    finally:
+        mon.close()

@@ -99,6 +99,19 @@ async def test_stale_queued_marker_does_not_swallow_a_trajectory(client: redis.a
     assert [e.entry_id for e in await q.read(10, timeout_s=1)][-1] == entry_id
 
 
+async def test_producer_dying_between_admit_and_add_leaves_no_lost_trajectory(client: redis.asyncio.Redis,
+                                                                             name: str) -> None:
+    await queue(client, name).put([make_trajectory(tag="other")])
+    t = make_trajectory(tag="t")
+    dying = queue(client, name)
+    assert await dying._admit(keys=[name, f"{name}:ids"], args=[10, t.trajectory_id]) == [b""]  # admitted, marked
+    assert await client.hexists(f"{name}:ids", t.trajectory_id)  # ... and the producer dies before its MULTI
+    [entry_id] = await queue(client, name).put([t])  # its restart puts the trajectory again
+    entries = await queue(client, name, consumer="c").read(10, timeout_s=1)
+    assert [e.trajectory for e in entries][-1] == t and entries[-1].entry_id == entry_id
+    assert await client.xlen(name) == await client.hlen(f"{name}:ids") == 2
+
+
 async def test_dead_consumer_entries_are_reclaimed_and_trained_once(client: redis.asyncio.Redis,
                                                                     name: str) -> None:
     sent = [make_trajectory(version=i) for i in range(10)]
