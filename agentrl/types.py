@@ -212,10 +212,7 @@ class Trajectory:
     def from_msgpack(cls, payload: bytes) -> Trajectory:
         wire = _split(payload)
         if wire is None:  # not in our own field order: the general (copying) path
-            try:
-                wire = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-            except Exception as exc:  # msgpack raises several unrelated types on garbage
-                raise SchemaError(f"not a msgpack trajectory: {exc}") from exc
+            wire = _unpack(payload, "")
             if isinstance(wire, dict) and isinstance(wire.get("header"), dict):
                 wire = {**wire.pop("header"), **wire}
         return _from_wire(wire)
@@ -244,13 +241,17 @@ def _split(payload: bytes) -> dict[str, Any] | None:
         pos += size
     if not payload.startswith(_HEADER_KEY, pos):
         return None
-    try:
-        header = msgpack.unpackb(view[pos + len(_HEADER_KEY):], raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise SchemaError(f"not a msgpack trajectory: its header does not decode: {exc}") from exc
+    header = _unpack(view[pos + len(_HEADER_KEY):], "its header does not decode: ")
     if not isinstance(header, dict):
         raise SchemaError(f"malformed trajectory payload: header is a {type(header).__name__}, expected a map")
     return {**header, **wire, "schema": SCHEMA_VERSION}
+
+
+def _unpack(data: Any, what: str) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise SchemaError(f"not a msgpack trajectory: {what}{exc}") from exc
 
 
 def _header(t: Trajectory) -> dict[str, Any]:

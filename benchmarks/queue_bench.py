@@ -3,12 +3,15 @@
 Both sides move the same realistic trajectories (~3,000 tokens with logprobs and versions, 3 turns with tool
 calls) through one stream with one producer task and one consumer task running concurrently:
 
-- raw:   the msgpack bytes prepared beforehand; pipelined XADD per batch, XREADGROUP COUNT batch, XACK;
+- raw:   stock redis-py (``Redis.from_url``), the msgpack bytes prepared beforehand; pipelined XADD per batch,
+  XREADGROUP COUNT batch, XACK;
 - queue: ``TrajectoryQueue.put(trajectories)`` (encode, admission under capacity, dedup index, per-version
   counts), ``read`` (decode into Trajectory objects, dead-letter check), ``ack`` (ack + trim).
 
 So the queue side also pays for turning Trajectory objects into bytes and back, which the raw side does not;
-a third run caches that codec (dictionary look-ups) to show the queue's own transport cost.
+a third run caches that codec (dictionary look-ups) to show the queue's own transport cost. The queue's client
+(``make_client``) writes large commands without Python 3.11's copies (see ``_PieceWriter``); a fourth run is the
+raw path on that client, to show what the writer alone is worth.
 Usage: python benchmarks/queue_bench.py [--n 1000] [--batch 32] [--rounds 9] [--url redis://... | --redis-server BIN]
 """
 
@@ -151,15 +154,17 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)]
     payloads = [t.to_msgpack() for t in trajectories]
     client = make_client(url)
+    stock = redis.asyncio.Redis.from_url(url)  # plain redis-py, as a user would write the raw path
     runs: dict[str, Callable[[str], Awaitable[float]]] = {
-        "raw": lambda s: run_raw(client, s, payloads, batch),
+        "raw": lambda s: run_raw(stock, s, payloads, batch),
+        "raw_client": lambda s: run_raw(client, s, payloads, batch),
         "queue": lambda s: run_queue(client, s, trajectories, batch),
         "transport": lambda s: run_transport(client, s, trajectories, payloads, batch),
     }
     rates: dict[str, list[float]] = {name: [] for name in runs}
     cpu_us: dict[str, list[float]] = {name: [] for name in runs}  # client + server CPU per trajectory
     for r in range(rounds):  # paired rounds, order rotated: a noisy neighbour hurts every path alike
-        for name in list(runs)[r % 3:] + list(runs)[:r % 3]:
+        for name in list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]:
             stream = f"bench:{r}:{name}"
             cpu0, srv0 = time.process_time(), server_cpu_s(server_pid)
             rates[name].append(n / await runs[name](stream))
@@ -167,6 +172,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
             cpu_us[name].append(cpu / n * 1e6)
             await client.delete(stream, *(f"{stream}:{k}" for k in ("versions", "ids", "payloads", "dead")))
     await client.aclose()
+    await stock.aclose()
     enc_ms, dec_ms = codec_ms(trajectories[:200])
     ratio = {name: sorted(q / w for q, w in zip(rates[name], rates["raw"])) for name in runs}
     med = {name: statistics.median(v) for name, v in rates.items()}
@@ -175,7 +181,8 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     print(f"{n} trajectories of {trajectories[0].num_tokens} tokens ({size_kb:.1f} KiB msgpack) per round, "
           f"batch {batch}, {rounds} paired rounds (medians; ratio range over rounds)")
     print(f"{'path':<44}{'traj/s':>9}{'MiB/s':>8}{'vs raw':>8}{'range':>12}{'CPU us/traj':>13}")
-    labels = {"raw": "raw redis-py XADD/XREADGROUP/XACK", "queue": "TrajectoryQueue put/read/ack",
+    labels = {"raw": "raw redis-py XADD/XREADGROUP/XACK", "raw_client": "raw, on agentrl's client (make_client)",
+              "queue": "TrajectoryQueue put/read/ack",
               "transport": "TrajectoryQueue, Trajectory codec cached"}
     for name, label in labels.items():
         lo, hi = ratio[name][0], ratio[name][-1]
@@ -187,6 +194,8 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
           f"raw_trajectories_per_s={med['raw']:.0f} "
           f"transport_vs_raw_ratio={statistics.median(ratio['transport']):.3f} "
           f"transport_vs_raw_cpu_ratio={cpu['raw'] / cpu['transport']:.3f} "
+          f"raw_client_vs_raw_ratio={statistics.median(ratio['raw_client']):.3f} "
+          f"queue_vs_raw_client_ratio={statistics.median(q / w for q, w in zip(rates['queue'], rates['raw_client'])):.3f} "
           f"codec_ms_per_trajectory={enc_ms + dec_ms:.3f}")
 
 

@@ -3,7 +3,16 @@ import json
 import msgpack
 import pytest
 
-from agentrl.types import ARRAYS, SCHEMA_VERSION, FinishReason, SchemaError, ToolCall, ToolResult, Trajectory, Turn
+from agentrl.types import (
+    ARRAYS,
+    SCHEMA_VERSION,
+    FinishReason,
+    SchemaError,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+    Turn,
+)
 
 
 def make_traj(**over):

@@ -89,7 +89,7 @@ class RunMonitor:
                 self._tb.flush()
         if progress:
             # every generated token counts, also those of groups dynamic sampling filtered out
-            now, tokens = time.monotonic(), float(progress.get("generated_tokens", progress.get("model_tokens", 0)))
+            now, tokens = time.monotonic(), float(progress.get("generated_tokens", 0))
             if self._last_tokens is not None and now > self._last_tokens[0]:
                 rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
                 old = self.values.get("rollout_tokens_per_s")  # smoothed over ~30 s of polls

@@ -75,16 +75,31 @@ return out
 
 # KEYS: S, S:versions, S:ids, S:payloads.  ARGV: group, then (entry id, trajectory id, version) triples where the
 # last two are '' when the caller does not know them.  Returns how many were pending and are now acknowledged.
-# Idempotent: ids already acknowledged (or never delivered) are left alone.
+# Idempotent: ids already acknowledged (or never delivered) are left alone. Entries whose fields the caller knows
+# are forgotten in bulk (one XDEL, one HDEL, one HINCRBY per version for the whole batch), the rest one by one.
 ACK = _FORGET + """
-local n = 0
+local n, del, tids, counts = 0, {}, {}, {}
 for i = 2, #ARGV, 3 do
   if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
-    local tid, ver = ARGV[i + 1], ARGV[i + 2]
-    if tid == '' then tid = false; ver = false end
-    forget(ARGV[i], tid, ver, false)
     n = n + 1
+    if ARGV[i + 1] == '' then
+      forget(ARGV[i], false, false, false)
+    else
+      del[#del + 1] = ARGV[i]
+      tids[#tids + 1] = ARGV[i + 1]
+      counts[ARGV[i + 2]] = (counts[ARGV[i + 2]] or 0) + 1
+    end
   end
+end
+for ver, c in pairs(counts) do
+  if redis.call('HINCRBY', KEYS[2], ver, -c) <= 0 then redis.call('HDEL', KEYS[2], ver) end
+end
+local old_payloads = #tids > 0 and redis.call('EXISTS', KEYS[4]) == 1
+for j = 1, #del, 1000 do  -- unpack() of a bounded slice: Lua's C stack takes a few thousand values at most
+  local last = math.min(j + 999, #del)
+  redis.call('XDEL', KEYS[1], unpack(del, j, last))
+  redis.call('HDEL', KEYS[3], unpack(tids, j, last))
+  if old_payloads then redis.call('HDEL', KEYS[4], unpack(tids, j, last)) end
 end
 return n
 """

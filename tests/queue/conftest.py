@@ -17,7 +17,7 @@ import redis
 import redis.asyncio
 from queue_support import free_port
 
-from agentrl.queue import EmbeddedRedis
+from agentrl.queue import EmbeddedRedis, make_client
 
 SYSTEM_REDIS = Path("/usr/bin/redis-server")
 
@@ -67,7 +67,8 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    c = redis.asyncio.Redis.from_url(redis_url)
+    """The client agentrl's queue and registry use (make_client), on a unix socket and on TCP."""
+    c = make_client(redis_url)
     yield c
     await c.aclose()
 

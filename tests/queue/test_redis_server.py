@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio
 from queue_support import free_port, make_trajectory
 
 from agentrl.errors import ConfigError, QueueError
@@ -19,7 +21,7 @@ from agentrl.queue import (
     check_redis_version,
     connect_redis,
 )
-from agentrl.queue.redis_server import redact_url, verify_server
+from agentrl.queue.redis_server import _PieceWriter, redact_url, verify_server
 
 pytestmark = pytest.mark.redis
 
@@ -137,3 +139,25 @@ def test_unparseable_version_is_refused() -> None:
 def test_redact_url_hides_password() -> None:
     assert redact_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
     assert redact_url("unix:///tmp/x.sock") == "unix:///tmp/x.sock"
+
+
+async def test_client_writes_large_pipelines_exactly(client: redis.asyncio.Redis, name: str) -> None:
+    """make_client's connections write big commands piece by piece (before Python 3.12): several MB in one
+    pipeline, far more than a socket buffer takes at once, with values of every size around the join
+    threshold, arrive byte for byte."""
+    sizes = [0, 1, _PieceWriter._JOIN_BELOW - 1, _PieceWriter._JOIN_BELOW, 70_000, 300_000, 2_000_000]
+    values = [os.urandom(n) for n in sizes] * 2
+    async with client.pipeline(transaction=True) as pipe:
+        for k, v in enumerate(values):
+            pipe.set(f"{name}:{k}", v)
+            pipe.strlen(f"{name}:{k}")
+        replies = await pipe.execute()
+    assert replies[1::2] == [len(v) for v in values]
+    assert await client.mget([f"{name}:{k}" for k in range(len(values))]) == values
+    await client.delete(*(f"{name}:{k}" for k in range(len(values))))
+    conn = await client.connection_pool.get_connection()
+    try:
+        expected = _PieceWriter if sys.version_info < (3, 12) else asyncio.StreamWriter
+        assert type(conn._writer) is expected
+    finally:
+        await client.connection_pool.release(conn)

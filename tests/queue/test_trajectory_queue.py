@@ -242,6 +242,25 @@ async def test_stats_count_versions_pending_and_age(client: redis.asyncio.Redis,
     assert (await q.stats()).per_version == {1: 1, 2: 1, -1: 1}
 
 
+async def test_ack_of_a_large_batch_forgets_every_entry(client: redis.asyncio.Redis, name: str) -> None:
+    """Over a thousand entries in one ack (the script deletes them in slices), some whose fields this consumer
+    never saw (a restarted consumer acking its predecessor's reads: the script reads them from the stream)."""
+    q = queue(client, name, capacity=5000)
+    sent = [make_trajectory(version=k % 3, n_tokens=8, prompt_len=4) for k in range(2100)]
+    ids = await q.put(sent)
+    got = []
+    while len(got) < len(sent):
+        got += await q.read(1000, timeout_s=1)
+    assert sorted(e.entry_id for e in got) == sorted(ids)
+    fresh = queue(client, name)  # same consumer name, empty memory of deliveries
+    assert await fresh.ack(ids[:50]) == 50
+    assert (await q.stats()).per_version == {0: 683, 1: 683, 2: 684}
+    assert await q.ack(ids) == 2050
+    stats = await q.stats()
+    assert (stats.length, stats.pending, stats.per_version) == (0, 0, {})
+    assert await client.hlen(f"{name}:ids") == 0
+
+
 async def test_read_needs_a_consumer_name(client: redis.asyncio.Redis, name: str) -> None:
     with pytest.raises(ConfigError, match="consumer name"):
         await queue(client, name, consumer=None).read(1, timeout_s=0)
