@@ -49,6 +49,12 @@ NEW_TEMPLATES = (
     Template("Multiply {c} by the sum of {a} and {b}.", "{c} * ({a} + {b})"),
     Template("A club has {c} teams, each with {a} players and {b} coaches. How many people are in the club?",
              "{c} * ({a} + {b})"),
+    # Story wordings whose answer takes no parentheses, as many as the (a + b) * c ones: with only half of them,
+    # RL learned to put parentheses into every story problem ("a trays of b, eats c" -> a * (b + c)).
+    Template("A truck delivers {a} pallets of {b} bottles and {c} single bottles. How many bottles arrive?",
+             "{a} * {b} + {c}"),
+    Template("A school buys {a} packs of {b} pens and {c} pens break. How many pens still work?",
+             "{a} * {b} - {c}"),
 )
 
 HELDOUT_TEMPLATES = (
@@ -103,13 +109,20 @@ def problems(family: str, n: int, *, seed: int = 0) -> list[Problem]:
 
 
 def task_stream(family: str, *, seed: int = 0) -> Iterator[Task]:
-    """An endless, seeded stream of tasks of a family (for RL prompts)."""
+    """An endless, seeded stream of tasks of a family (for RL prompts), stratified: every run of
+    ``len(templates)`` tasks uses each wording once, in a fresh random order. An RL step's few groups then come
+    from different wordings, not by chance from three of one kind (e.g. all "minus" stories, which teaches the
+    policy "minus" rather than reading the wording)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown problem family {family!r}; expected one of {sorted(FAMILIES)}")
     rng = random.Random(f"stream:{family}:{seed}")
-    templates = FAMILIES[family]
+    templates = list(FAMILIES[family])
     i = 0
     while True:
-        yield make_problem(rng.choice(templates), rng, index=i, family=family).task
-        i += 1
+        rng.shuffle(templates)
+        for template in templates:
+            yield make_problem(template, rng, index=i, family=family).task
+            i += 1
 
 
 def retool_trace_parts(problem: Problem, interpreter_output: str | None = None) -> list[tuple[str, bool]]:

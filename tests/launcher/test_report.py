@@ -52,3 +52,18 @@ def test_template_of_finds_the_wording_and_nothing_else():
     p = problems("heldout", 1)[0]
     assert template_of(p.task.prompt, FAMILIES["heldout"]) is FAMILIES["heldout"][0]
     assert template_of("What is 2 + 2?", FAMILIES["heldout"]) is None
+
+
+def test_rl_task_stream_is_seeded_and_uses_every_wording_once_per_round():
+    from itertools import islice
+
+    from agentrl.data.arithmetic import task_stream
+
+    templates = FAMILIES["new"]
+    tasks = list(islice(task_stream("new", seed=3), 3 * len(templates)))
+    assert [t.prompt for t in tasks] == [t.prompt for t in islice(task_stream("new", seed=3), len(tasks))]
+    rounds = [tasks[k:k + len(templates)] for k in range(0, len(tasks), len(templates))]
+    for chunk in rounds:
+        assert {template_of(t.prompt, templates) for t in chunk} == set(templates)
+    orders = [[templates.index(template_of(t.prompt, templates)) for t in chunk] for chunk in rounds]
+    assert len({tuple(o) for o in orders}) > 1  # shuffled afresh each round
