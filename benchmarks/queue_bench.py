@@ -174,7 +174,10 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     await client.aclose()
     await stock.aclose()
     enc_ms, dec_ms = codec_ms(trajectories[:200])
-    ratio = {name: sorted(q / w for q, w in zip(rates[name], rates["raw"])) for name in runs}
+    def ratios(name: str, base: str = "raw") -> list[float]:  # per paired round, sorted
+        return sorted(q / w for q, w in zip(rates[name], rates[base]))
+
+    ratio = {name: ratios(name) for name in runs}
     med = {name: statistics.median(v) for name, v in rates.items()}
     cpu = {name: statistics.median(v) for name, v in cpu_us.items()}
     size_kb = statistics.mean(len(p) for p in payloads) / 1024
@@ -195,7 +198,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
           f"transport_vs_raw_ratio={statistics.median(ratio['transport']):.3f} "
           f"transport_vs_raw_cpu_ratio={cpu['raw'] / cpu['transport']:.3f} "
           f"raw_client_vs_raw_ratio={statistics.median(ratio['raw_client']):.3f} "
-          f"queue_vs_raw_client_ratio={statistics.median(q / w for q, w in zip(rates['queue'], rates['raw_client'])):.3f} "
+          f"queue_vs_raw_client_ratio={statistics.median(ratios('queue', 'raw_client')):.3f} "
           f"codec_ms_per_trajectory={enc_ms + dec_ms:.3f}")
 
 

@@ -99,12 +99,16 @@ def template_of(prompt: str, templates: tuple[Template, ...]) -> Template | None
     return None
 
 
-def problems(family: str, n: int, *, seed: int = 0) -> list[Problem]:
-    """``n`` problems of a family, deterministic in ``seed``."""
+def _family(family: str) -> tuple[Template, ...]:
     if family not in FAMILIES:
         raise ValueError(f"unknown problem family {family!r}; expected one of {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def problems(family: str, n: int, *, seed: int = 0) -> list[Problem]:
+    """``n`` problems of a family, deterministic in ``seed``."""
     rng = random.Random(f"{family}:{seed}")
-    templates = FAMILIES[family]
+    templates = _family(family)
     return [make_problem(templates[i % len(templates)], rng, index=i, family=family) for i in range(n)]
 
 
@@ -113,10 +117,8 @@ def task_stream(family: str, *, seed: int = 0) -> Iterator[Task]:
     ``len(templates)`` tasks uses each wording once, in a fresh random order. An RL step's few groups then come
     from different wordings, not by chance from three of one kind (e.g. all "minus" stories, which teaches the
     policy "minus" rather than reading the wording)."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown problem family {family!r}; expected one of {sorted(FAMILIES)}")
     rng = random.Random(f"stream:{family}:{seed}")
-    templates = list(FAMILIES[family])
+    templates = list(_family(family))
     i = 0
     while True:
         rng.shuffle(templates)

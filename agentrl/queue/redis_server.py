@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import fcntl
+import functools
 import importlib.util
 import logging
 import os
@@ -295,6 +296,7 @@ class _PieceWriter(asyncio.StreamWriter):
             transport.write(b"".join(small))
 
 
+@functools.cache  # one subclass per redis-py connection class, not one per client
 def _piece_writing(base: type[Any]) -> type[Any]:
     """``base`` (a redis-py asyncio connection class) whose stream writer is a :class:`_PieceWriter`."""
 
