@@ -58,7 +58,8 @@ def _alive_in_recorded_groups(run_dir: Path) -> list[str]:
 def smoke_run(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
     proc = subprocess.run(
-        [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=smoke", "engine.record_requests=true"],
+        [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=smoke", "engine.record_requests=true",
+         "rollout.skip_solved_window=1"],
         capture_output=True, text=True, timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -132,6 +133,20 @@ def test_trajectories_hold_exactly_what_sglang_saw_and_returned(smoke_run: Path)
             with_tools += 1
             assert obs, "a tool call must add observation tokens with loss mask 0"
     assert with_tools > 0, "after cold-start SFT the tiny model should write <code> at least once"
+
+
+def test_rollout_pass_rate_per_version_matches_the_rollouts(smoke_run: Path):
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    counts: dict[str, list[int]] = {}
+    for t in _jsonl(smoke_run / "rollouts.jsonl"):  # no dynamic sampling here: every group was queued
+        versions = [v for v, m in zip(t["weight_versions"], t["loss_mask"]) if m]
+        c = counts.setdefault(str(max(versions)), [0, 0])
+        c[0] += t["reward_breakdown"].get("correct", t["reward"]) >= 1
+        c[1] += 1
+    assert summary["rollout_solve_rate_by_version"] == {v: round(s / n, 4) for v, (s, n) in sorted(counts.items())}
+    assert set(counts) == {"0", "1"}
+    # the tiny model never answers right, so SkipSolved (on here) never finds a mastered prompt
+    assert summary["tasks_skipped_solved"] == 0
 
 
 def test_second_step_was_generated_by_v1(smoke_run: Path):

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from agentrl.async_rollout.curriculum import solved
 from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.async_rollout.staleness import StalenessManager
 from agentrl.env.base import Environment
@@ -95,6 +96,9 @@ class RolloutStats:
     model_tokens: int = 0  # model tokens of the queued trajectories
     generated_tokens: int = 0  # model tokens of every finished episode, also those of groups filtered or dropped
     staleness_max: int = 0  # over queued groups: consuming version − oldest token version
+    # every finished group, queued or dropped by dynamic sampling, by the newest version among its tokens:
+    # [episodes solved, episodes] (the trained groups alone are ~half solved by construction)
+    solved_by_version: dict[int, list[int]] = field(default_factory=dict)
     versions_loaded: list[int] = field(default_factory=list)
     reload_s: list[float] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
@@ -173,6 +177,7 @@ class RolloutScheduler:
         while failures <= self.config.group_retries and stale <= self.config.max_stale_restarts:
             try:
                 group = await self._episodes(task, group_id)
+                self._observe(task, group)
                 if self.config.drop_uniform_groups and len({t.reward for t in group}) == 1:
                     self.stats.groups_filtered += 1
                     return await self.gate.release(requeue=True)
@@ -192,6 +197,15 @@ class RolloutScheduler:
             self.stats.groups_failed += 1
             logger.error("group %s dropped after %d failed attempts", group_id, failures)
         await self.gate.release(requeue=True)
+
+    def _observe(self, task: Task, group: list[Trajectory]) -> None:
+        versions = [t.weight_versions[t.loss_mask.astype(bool)].max() for t in group if t.num_model_tokens]
+        counts = self.stats.solved_by_version.setdefault(int(max(versions)) if versions else self.version, [0, 0])
+        counts[0] += sum(map(solved, group))
+        counts[1] += len(group)
+        observe = getattr(self.tasks, "observe", None)  # e.g. SkipSolved
+        if observe is not None:
+            observe(task, group)
 
     async def _episodes(self, task: Task, group_id: str) -> list[Trajectory]:
         try:

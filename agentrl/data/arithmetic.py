@@ -85,7 +85,7 @@ def make_problem(template: Template, rng: random.Random, *, index: int, family: 
     expr = template.expr.format(a=a, b=b, c=c)
     answer = eval(expr, {"__builtins__": {}})  # our own template arithmetic, never model text
     return Problem(Task(id=f"{family}-{index}", prompt=template.text.format(a=a, b=b, c=c), answer=str(answer),
-                        metadata={"family": family, "expr": expr}), expr)
+                        metadata={"family": family, "expr": expr, "template": template.text}), expr)
 
 
 def template_of(prompt: str, templates: tuple[Template, ...]) -> Template | None:

@@ -32,7 +32,9 @@ DEMO: dict[str, Any] = {
     "engine": {"dtype": "bfloat16"},
     "rollout": {"n_samples": 8, "groups_per_step": 6, "max_staleness": 1, "max_running_groups": 8,
                 "max_new_tokens": 96, "max_turns": 3, "max_response_tokens": 256, "max_context_tokens": 768,
-                "temperature": 1.0, "drop_uniform_groups": True},
+                "temperature": 1.0, "drop_uniform_groups": True,
+                # dynamic sampling dropped 460 of 580 groups: skip wordings solved 15+ times in their last 16
+                "skip_solved_window": 2, "skip_solved_rate": 0.9, "skip_solved_keep": 0.25},
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.1}},
     # KL (k3) to the SFT policy, on the trainer's core, which waits for rollouts most of the step anyway
     "trainer": {"dtype": "bf16", "layout": "padded", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},

@@ -45,6 +45,7 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         "books_balanced": produced == consumed + stale + invalid + queue_left,
         "groups_failed": rollout_stats.get("groups_failed", 0),
         "groups_filtered": rollout_stats.get("groups_filtered", 0),
+        "tasks_skipped_solved": rollout_stats.get("tasks_skipped_solved", 0),
         "episodes_restarted": rollout_stats.get("episodes_restarted", 0),  # work thrown away to keep within η
         "trainer_restarts": trainer_restarts,
         "engine_restarts": rollout_stats.get("engine_restarts", 0),
@@ -55,6 +56,9 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         "staleness_max": max((int(r.get("staleness_max", 0)) for r in records), default=0),
         "reload_s_mean": rollout_stats.get("reload_s_mean"),
         "rollout_model_tokens": rollout_stats.get("model_tokens", 0),
+        # pass rate of every finished rollout group (also those dynamic sampling dropped), per weight version
+        "rollout_solve_rate_by_version": {str(v): round(s / n, 4) for v, (s, n)
+                                          in sorted(rollout_stats.get("solved_by_version", {}).items()) if n},
     }
     for label in ("before", "sft", "after"):
         if label in evals:
@@ -78,6 +82,12 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
                              f"{summary[f'heldout_reward_{label}']:.3f} |")
         lines.append("")
     lines += _per_wording(run_dir)
+    solve = summary.get("rollout_solve_rate_by_version") or {}
+    if solve:
+        lines += ["Rollout pass rate by weight version, over every finished group (the trained groups are mixed by "
+                  "construction when dynamic sampling is on): "
+                  + ", ".join(f"v{v} {rate:.2f}" for v, rate in solve.items())
+                  + f"; prompts skipped as mastered: {summary.get('tasks_skipped_solved', 0)}.", ""]
     lines += ["## Training", "", "| step | version | reward | staleness mean/max | trajectories | tokens | time s |",
               "|---|---|---|---|---|---|---|"]
     for r in records:
@@ -133,7 +143,11 @@ def _plot(run_dir: Path, records: list[dict[str, Any]], summary: dict[str, Any])
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     steps = [r["step"] for r in records]
     axes[0].plot(steps, [r.get("reward_mean", 0) for r in records], marker="o")
-    axes[0].set(title="reward (rollouts)", xlabel="step")
+    solve = summary.get("rollout_solve_rate_by_version") or {}
+    if solve:  # version v is the policy after step v, so it sits at x = v
+        axes[0].plot([int(v) for v in solve], list(solve.values()), marker=".", label="pass rate, all groups")
+        axes[0].legend()
+    axes[0].set(title="reward (trained groups)", xlabel="step")
     labels = [("before", "base"), ("sft", "SFT"), ("after", "RL")]
     acc = [(name, summary[f"heldout_accuracy_{k}"]) for k, name in labels if f"heldout_accuracy_{k}" in summary]
     if acc:

@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
+from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler, SkipSolved
 from agentrl.data import arithmetic
 from agentrl.engine import EnginePool, SamplingParams, SGLangServer, SGLangServerConfig, pool_configs
 from agentrl.engine.recording import RecordingEngine
@@ -159,9 +159,13 @@ class RolloutWorker:
 
     async def run(self, total_groups: int, final_version: int) -> dict[str, Any]:
         r = self.cfg.rollout
+        tasks = tasks_from(self.cfg.data.train, seed=self.cfg.seed)
+        if r.skip_solved_window:
+            tasks = SkipSolved(tasks, window=r.skip_solved_window, threshold=r.skip_solved_rate,
+                               keep=r.skip_solved_keep, seed=self.cfg.seed)
         self.scheduler = RolloutScheduler(
             runner=self._runner(), engine=self.client, make_env=self._make_env, env_name=self.cfg.env.name,
-            tasks=tasks_from(self.cfg.data.train, seed=self.cfg.seed), sink=self.queue, weights=self.registry,
+            tasks=tasks, sink=self.queue, weights=self.registry,
             config=RolloutConfig(n_samples=r.n_samples, groups_per_step=r.groups_per_step,
                                  max_staleness=r.max_staleness, max_running_groups=r.max_running_groups,
                                  update_mode=r.update_mode, pause_mode=r.pause_mode,
@@ -178,6 +182,8 @@ class RolloutWorker:
                 "episodes_restarted": stats.episodes_restarted, "staleness_max_queued": stats.staleness_max,
                 "engine_restarts": sum(m.restarts for m in self.client.stats()) if self.client else 0,
                 "model_tokens": stats.model_tokens, "generated_tokens": stats.generated_tokens,
+                "tasks_skipped_solved": tasks.skipped if isinstance(tasks, SkipSolved) else 0,
+                "solved_by_version": stats.solved_by_version,
                 "versions_loaded": stats.versions_loaded,
                 "reload_s_mean": sum(stats.reload_s) / len(stats.reload_s) if stats.reload_s else None}
 
