@@ -23,6 +23,7 @@ GAUGES = {
     "staleness_mean": "mean staleness (versions) of the last trained batch",
     "staleness_max": "max staleness of the last trained batch",
     "rollout_tokens_per_s": "model tokens generated per second, filtered groups included (smoothed)",
+    "rollout_pass_rate": "share of solved episodes of the newest weight version, filtered groups included",
     "queue_length": "trajectories in the queue (waiting + pending)",
     "served_version": "weight version the rollout engine serves",
 }
@@ -96,6 +97,10 @@ class RunMonitor:
                 self.values["rollout_tokens_per_s"] = rate if old is None else old + 0.1 * (rate - old)
             self._last_tokens = (now, tokens)
             self.values["queue_length"] = float(progress.get("queue_length", 0))
+            solved = progress.get("solved_by_version") or {}
+            if solved:
+                s, n = solved[max(solved, key=int)]
+                self.values["rollout_pass_rate"] = s / n if n else 0.0
             if progress.get("version") is not None:
                 self.values["served_version"] = float(progress["version"])
         if self._http is not None:
@@ -107,6 +112,7 @@ class RunMonitor:
         v = self.values
         line = (f"step {int(v.get('step', 0))}/{self.total_steps}  version {int(v.get('weight_version', 0))} "
                 f"(served {int(v.get('served_version', 0))})  reward {v.get('reward_mean', 0):.3f}  "
+                f"pass {v.get('rollout_pass_rate', 0):.2f}  "
                 f"rollout {v.get('rollout_tokens_per_s', 0):.0f} tok/s  queue {int(v.get('queue_length', 0))}  "
                 f"staleness {v.get('staleness_mean', 0):.2f}/{int(v.get('staleness_max', 0))}")
         if self._live is not None:

@@ -193,6 +193,7 @@ class RolloutWorker:
         q = await self.queue.stats()
         return {"groups_queued": s.groups_queued if s else 0, "model_tokens": s.model_tokens if s else 0,
                 "generated_tokens": s.generated_tokens if s else 0,
+                "solved_by_version": dict(s.solved_by_version) if s else {},
                 "version": self.scheduler.version if self.scheduler else None,
                 "queue_length": q.length, "queue_pending": q.pending}
 

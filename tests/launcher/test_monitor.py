@@ -42,3 +42,16 @@ def test_rollout_rate_counts_generated_tokens_of_filtered_groups_too(tmp_path: P
         assert mon.values["rollout_tokens_per_s"] > 0
     finally:
         mon.close()
+
+
+def test_pass_rate_is_that_of_the_newest_version_over_all_groups(tmp_path: Path):
+    (tmp_path / "logs").mkdir()
+    mon = RunMonitor(tmp_path, total_steps=3, live=False, prometheus_port=0, tensorboard=False)
+    try:
+        solved = {0: [2, 8], 10: [12, 16], 9: [0, 8]}
+        mon.update({"generated_tokens": 0, "queue_length": 0, "solved_by_version": solved})
+        assert mon.values["rollout_pass_rate"] == 0.75  # version 10, not 9 (the order of the keys does not matter)
+        body = urllib.request.urlopen(mon.metrics_url, timeout=5).read().decode()
+        assert "agentrl_rollout_pass_rate 0.75" in body
+    finally:
+        mon.close()
