@@ -5,8 +5,8 @@ plugins register through the entry-point group ``agentrl.plugins``.
 """
 
 from agentrl.env import Environment, Observation, StepResult, list_envs, list_tools, register_env, tool
-from agentrl.rewards import RewardInput, RewardResult
 from agentrl.errors import AgentRLError, ConfigError, InfrastructureError
+from agentrl.rewards import RewardInput, RewardResult
 from agentrl.types import FinishReason, Task, Trajectory
 
 __version__ = "0.1.0"

@@ -9,13 +9,13 @@ are left out and ``extra_args`` pass anything else through.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Literal
 

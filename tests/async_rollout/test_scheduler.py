@@ -81,7 +81,9 @@ async def test_groups_are_kept_together(chat_tokenizer):
 
 
 async def test_abort_restart_runs_every_episode_on_one_version_and_interrupt_spans_versions(chat_tokenizer):
-    steady = lambda key: 0.004
+    def steady(key):
+        return 0.004
+
     trainer, stats, _ = await run(chat_tokenizer, mode="abort_restart", eta=2, token_s=steady, tokens=40)
     assert all(len(set(t.generated_versions)) == 1 for g in trainer.puts for t in g)
     assert stats.episodes_restarted > 0

@@ -67,6 +67,6 @@ def __getattr__(name: str) -> _Unavailable:  # PEP 562: every name this stand-in
     return _Unavailable(name)
 
 
-from sgl_kernel._fast_paths import install  # batched decode attention, fast exact sampling
+from sgl_kernel._fast_paths import install  # noqa: E402  # batched decode attention, fast exact sampling
 
 install()
