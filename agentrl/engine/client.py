@@ -2,7 +2,8 @@
 
 Every call is bounded by ONE deadline (``Timeouts``) that covers its retries and backoff sleeps, so no call can
 outlive it. Only failures that cannot have had an effect are retried (connection refused, 502/503 before the
-server accepted the request); the rest raise :class:`EngineError` naming the server and the call
+server accepted the request, and once at once a pooled keep-alive connection the server had just closed: idle
+connections are dropped after ``keepalive_s`` = 4 s, before SGLang's uvicorn drops them at 5 s); the rest raise :class:`EngineError` naming the server and the call
 (:class:`EngineUnavailable` when the server could not be reached or dropped the connection). A ``generate`` that
 times out or is cancelled is also aborted on the server (``/abort_request`` with its ``rid``), so no orphaned
 request keeps the server busy.
@@ -43,6 +44,9 @@ class Retry:
     attempts: int = 4
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
+    # a pooled keep-alive connection the server closed just as we reused it (uvicorn closes idle ones after 5 s)
+    # fails before the request reached the server: sent again at once, on a new connection, this many times
+    stale_connection_retries: int = 1
 
     def delay(self, attempt: int) -> float:
         return min(self.max_backoff_s, self.backoff_s * (2**attempt))
@@ -77,11 +81,13 @@ class SGLangClient:
         timeouts: Timeouts = Timeouts(),
         retry: Retry = Retry(),
         max_connections: int = 256,
+        keepalive_s: float = 4.0,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeouts = timeouts
         self.retry = retry
         self._max_connections = max_connections
+        self._keepalive_s = keepalive_s  # below the server's (SGLang/uvicorn: 5 s), so we close idle ones first
         self._session: aiohttp.ClientSession | None = None
         self._paused: PauseMode | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -90,7 +96,7 @@ class SGLangClient:
         if self._session is None or self._session.closed:
             # no aiohttp timeout: every call has its own asyncio deadline (aiohttp's default would cut at 300 s)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, force_close=False),
+                connector=aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=self._keepalive_s),
                 timeout=aiohttp.ClientTimeout(total=None),
             )
         return self._session
@@ -106,7 +112,9 @@ class SGLangClient:
 
     async def _attempts(self, method: str, path: str, what: str, json: Any) -> Any:
         last: Exception | None = None
-        for attempt in range(self.retry.attempts):
+        stale_left = self.retry.stale_connection_retries
+        attempt = 0
+        while attempt < self.retry.attempts:
             try:
                 async with self._http().request(method, self.url + path, json=json) as resp:
                     body = await resp.read()
@@ -120,11 +128,16 @@ class SGLangClient:
             except aiohttp.ClientConnectorError as exc:  # nothing reached the server: safe to retry
                 last = exc
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if stale_left > 0:  # most likely a stale pooled connection; a dead server refuses the next try
+                    stale_left -= 1
+                    logger.debug("%s: connection dropped (%r), sending again on a new connection", what, exc)
+                    continue
                 raise EngineUnavailable(f"{what}: the server dropped the connection ({exc!r}); did it die?") from exc
             except aiohttp.ClientError as exc:
                 raise EngineError(f"{what} failed: {exc!r}") from exc
             if attempt + 1 < self.retry.attempts:
                 await asyncio.sleep(self.retry.delay(attempt))
+            attempt += 1
         if isinstance(last, aiohttp.ClientConnectorError):
             raise EngineUnavailable(f"{what}: cannot connect after {self.retry.attempts} attempts: {last!r}")
         raise EngineError(f"{what} failed after {self.retry.attempts} attempts: {last!r}")

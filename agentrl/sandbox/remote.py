@@ -41,8 +41,10 @@ class RemoteSandbox:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
+            # idle connections closed at 4 s, before uvicorn's 5 s: else a reused one can break under a call
             self._http = aiohttp.ClientSession(headers=self._headers,
-                                               connector=aiohttp.TCPConnector(limit=self._max_connections))
+                                               connector=aiohttp.TCPConnector(limit=self._max_connections,
+                                                                              keepalive_timeout=4.0))
         return self._http
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None, deadline_s: float, *,

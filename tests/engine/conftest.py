@@ -11,11 +11,14 @@ from aiohttp import web
 
 class Misbehaving:
     """An HTTP server whose every route does what ``mode`` says: ``stall`` (never answers), ``503`` (always
-    busy), ``slow_body`` (headers, then a body that never ends), ``drop`` (closes the connection)."""
+    busy), ``slow_body`` (headers, then a body that never ends), ``drop`` (closes the connection), ``drop_reused``
+    (answers the first request of a connection, closes it at the next one: a keep-alive connection the server
+    timed out just as the client reused it)."""
 
     def __init__(self) -> None:
         self.mode = "stall"
         self.hits: list[str] = []
+        self.connections: dict[int, list] = {}  # id(transport) -> [transport (kept: ids stay unique), requests]
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -23,8 +26,16 @@ class Misbehaving:
         self.hits.append(request.path)
         if self.mode == "503":
             return web.Response(status=503, text="busy")
+        assert request.transport is not None
+        entry = self.connections.setdefault(id(request.transport), [request.transport, 0])
+        entry[1] += 1
+        seen = entry[1]
+        if self.mode == "drop_reused":
+            if seen == 1:
+                return web.json_response({"weight_version": "3", "success": True})
+            request.transport.close()
+            await asyncio.sleep(3600)
         if self.mode == "drop":
-            assert request.transport is not None
             request.transport.close()
             await asyncio.sleep(3600)
         if self.mode == "slow_body":

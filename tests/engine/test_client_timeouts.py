@@ -50,6 +50,30 @@ async def test_dropped_connection_is_engine_unavailable(misbehaving):
             await asyncio.wait_for(c.generate([1], SamplingParams(max_new_tokens=1)), 30)
 
 
+async def test_a_reused_connection_the_server_closed_is_sent_again_on_a_new_one(misbehaving):
+    # POSTs (as /generate): aiohttp sends a GET again by itself, never a POST
+    misbehaving.mode = "drop_reused"
+    async with SGLangClient(misbehaving.url, timeouts=Timeouts(control_s=20)) as c:
+        for v in range(3):
+            await c.set_weight_version(v)
+    assert len(misbehaving.hits) == 5 and len(misbehaving.connections) == 3  # 2 dropped reuses, 3 new connections
+    async with SGLangClient(misbehaving.url, timeouts=Timeouts(control_s=20),
+                            retry=Retry(stale_connection_retries=0)) as c:
+        await c.set_weight_version(1)
+        with pytest.raises(EngineUnavailable, match="dropped the connection"):  # what the retry is for
+            await c.set_weight_version(2)
+
+
+async def test_idle_connections_are_closed_before_the_server_would(misbehaving):
+    misbehaving.mode = "drop_reused"
+    async with SGLangClient(misbehaving.url, timeouts=Timeouts(control_s=20), keepalive_s=0.2,
+                            retry=Retry(stale_connection_retries=0)) as c:
+        await c.set_weight_version(1)
+        await asyncio.sleep(0.6)  # idle longer than our keep-alive: the next call opens a new connection
+        await c.set_weight_version(2)
+    assert len(misbehaving.hits) == 2 == len(misbehaving.connections)
+
+
 async def test_timed_out_generate_is_aborted_on_the_server(misbehaving):
     async with SGLangClient(misbehaving.url, timeouts=DEADLINE, retry=Retry(attempts=1)) as c:
         with pytest.raises(EngineError):
