@@ -75,6 +75,9 @@ class RolloutConfig:
     max_stale_restarts: int = 3  # restarts of a group that would exceed η, then it is dropped
     max_failed_groups: int = 32  # groups dropped after infrastructure failures before the run gives up
     drop_uniform_groups: bool = False  # dynamic sampling: drop groups whose rewards are all equal
+    # a budget for it: at most this many groups dropped per group queued (running count); past it a uniform group
+    # is queued anyway (no policy-gradient signal, but the trainer does not starve as the policy sharpens)
+    max_dropped_per_queued: float | None = None
     weight_wait_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
@@ -82,6 +85,8 @@ class RolloutConfig:
             raise ConfigError(f"update_mode must be drain, interrupt or abort_restart, got {self.update_mode!r}")
         if self.n_samples < 1:
             raise ConfigError(f"n_samples must be >= 1, got {self.n_samples}")
+        if self.max_dropped_per_queued is not None and self.max_dropped_per_queued < 0:
+            raise ConfigError(f"max_dropped_per_queued must be >= 0 or None, got {self.max_dropped_per_queued}")
 
 
 @dataclass
@@ -89,6 +94,7 @@ class RolloutStats:
     groups_queued: int = 0
     groups_failed: int = 0  # infrastructure failures after all retries
     groups_filtered: int = 0  # dynamic sampling
+    groups_uniform_queued: int = 0  # uniform groups queued because the dropping budget was spent
     groups_dropped_stale: int = 0  # still over η after max_stale_restarts
     groups_restarted_stale: int = 0
     episodes_restarted: int = 0  # abort_restart, or could no longer finish within η
@@ -178,10 +184,13 @@ class RolloutScheduler:
             try:
                 group = await self._episodes(task, group_id)
                 self._observe(task, group)
-                if self.config.drop_uniform_groups and len({t.reward for t in group}) == 1:
+                uniform = len({t.reward for t in group}) == 1
+                if uniform and self.config.drop_uniform_groups and self._may_drop():
                     self.stats.groups_filtered += 1
                     return await self.gate.release(requeue=True)
                 await self._queue(group)
+                if uniform and self.config.drop_uniform_groups:
+                    self.stats.groups_uniform_queued += 1
                 return await self.gate.release()
             except _StaleGroup as exc:
                 stale += 1
@@ -197,6 +206,10 @@ class RolloutScheduler:
             self.stats.groups_failed += 1
             logger.error("group %s dropped after %d failed attempts", group_id, failures)
         await self.gate.release(requeue=True)
+
+    def _may_drop(self) -> bool:
+        budget = self.config.max_dropped_per_queued
+        return budget is None or self.stats.groups_filtered < budget * (self.stats.groups_queued + 1)
 
     def _observe(self, task: Task, group: list[Trajectory]) -> None:
         versions = [t.weight_versions[t.loss_mask.astype(bool)].max() for t in group if t.num_model_tokens]

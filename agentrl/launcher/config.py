@@ -72,6 +72,7 @@ class RolloutSection(_Section):
     max_response_tokens: int = Field(512, ge=1)
     max_context_tokens: int = Field(2048, ge=16)
     drop_uniform_groups: bool = False
+    max_dropped_per_queued: float | None = Field(None, ge=0)  # budget of drop_uniform_groups (None: no limit)
     # skip prompts (or generated wordings) the policy has mastered: pass rate >= skip_solved_rate over their last
     # skip_solved_window groups; a skip_solved_keep fraction of them still runs, to recheck (0 = off)
     skip_solved_window: int = Field(0, ge=0)

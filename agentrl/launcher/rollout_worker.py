@@ -169,7 +169,8 @@ class RolloutWorker:
             config=RolloutConfig(n_samples=r.n_samples, groups_per_step=r.groups_per_step,
                                  max_staleness=r.max_staleness, max_running_groups=r.max_running_groups,
                                  update_mode=r.update_mode, pause_mode=r.pause_mode,
-                                 drop_uniform_groups=r.drop_uniform_groups),
+                                 drop_uniform_groups=r.drop_uniform_groups,
+                                 max_dropped_per_queued=r.max_dropped_per_queued),
             initial_version=await self.client.weight_version(),
             on_group=RolloutLog(self.run_dir / "rollouts.jsonl", self.cfg.log_rollouts)
             if self.cfg.log_rollouts != "none" else None,
@@ -177,6 +178,7 @@ class RolloutWorker:
         stats = await self.scheduler.run(total_groups=total_groups, final_version=final_version)
         return {"trajectories_produced": stats.trajectories_queued, "groups_queued": stats.groups_queued,
                 "groups_failed": stats.groups_failed, "groups_filtered": stats.groups_filtered,
+                "groups_uniform_queued": stats.groups_uniform_queued,
                 "groups_dropped_stale": stats.groups_dropped_stale,
                 "groups_restarted_stale": stats.groups_restarted_stale,
                 "episodes_restarted": stats.episodes_restarted, "staleness_max_queued": stats.staleness_max,

@@ -155,3 +155,31 @@ async def test_an_engine_that_keeps_failing_stops_the_run_with_its_error(chat_to
         await run(chat_tokenizer, mode="interrupt", eta=1, steps=2, engine=Down(lambda key: 0.001),
                   max_failed_groups=3, group_retries=1)
     assert "groups failed" in str(err.value) and not isinstance(err.value, BaseExceptionGroup)
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.5])
+async def test_dynamic_sampling_stays_within_its_dropping_budget(chat_tokenizer, budget):
+    class Env(OneTurnEnv):  # two of three tasks always score 1: uniform, no GRPO signal
+        async def score(self, response):
+            if int(self.task.id[1:]) % 3:
+                return RewardResult.scored(1.0)
+            return RewardResult.scored(float(self.rng.random() < 0.5))
+
+    engine = SimEngine(lambda key: 0.001)
+    registry = SimRegistry()
+    trainer = FifoTrainer(B, registry)
+    scheduler = RolloutScheduler(
+        runner=EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=4)), engine=engine, make_env=Env,
+        env_name="one", tasks=task_stream(), sink=trainer, weights=registry,
+        config=RolloutConfig(n_samples=6, groups_per_step=B, max_staleness=1, drop_uniform_groups=True,
+                             max_dropped_per_queued=budget))
+    async with asyncio.timeout(60):
+        train = asyncio.create_task(trainer.run(4))
+        stats = await scheduler.run(total_groups=4 * B, final_version=4)
+        await train
+    assert stats.groups_queued == 4 * B
+    assert stats.groups_filtered <= budget * stats.groups_queued + 1e-9
+    uniform = sum(len({t.reward for t in g}) == 1 for g in trainer.puts)
+    assert uniform == stats.groups_uniform_queued > 0  # the budget ran out: uniform groups were queued, and counted
+    if budget:
+        assert stats.groups_filtered > 0
