@@ -72,46 +72,49 @@ def realistic_trajectory(rng: random.Random, version: int) -> Trajectory:
                       reward_breakdown={"correct": 1.0, "format": 0.1}, turns=tuple(turns), env="retool")
 
 
+async def raw_produce(client: redis.asyncio.Redis, stream: str, payloads: list[bytes], batch: int) -> None:
+    for i in range(0, len(payloads), batch):
+        async with client.pipeline(transaction=False) as pipe:
+            for p in payloads[i:i + batch]:
+                pipe.xadd(stream, {"t": p})
+            await pipe.execute()
+
+
+async def raw_consume(client: redis.asyncio.Redis, stream: str, n: int, batch: int) -> None:
+    got = 0
+    while got < n:
+        reply = await client.xreadgroup("g", "c", {stream: ">"}, count=batch, block=1000)
+        if reply:
+            ids = [eid for eid, _ in reply[0][1]]
+            await client.xack(stream, "g", *ids)
+            got += len(ids)
+
+
+async def queue_produce(q: TrajectoryQueue, trajectories: list[Trajectory], batch: int) -> None:
+    for i in range(0, len(trajectories), batch):
+        await q.put(trajectories[i:i + batch])
+
+
+async def queue_consume(q: TrajectoryQueue, n: int, batch: int) -> None:
+    got = 0
+    while got < n:
+        entries = await q.read(batch, timeout_s=1.0)
+        await q.ack([e.entry_id for e in entries])
+        got += len(entries)
+
+
 async def run_raw(client: redis.asyncio.Redis, stream: str, payloads: list[bytes], batch: int) -> float:
     await client.xgroup_create(stream, "g", id="0", mkstream=True)
     t0 = time.perf_counter()
-
-    async def produce() -> None:
-        for i in range(0, len(payloads), batch):
-            async with client.pipeline(transaction=False) as pipe:
-                for p in payloads[i:i + batch]:
-                    pipe.xadd(stream, {"t": p})
-                await pipe.execute()
-
-    async def consume() -> None:
-        got = 0
-        while got < len(payloads):
-            reply = await client.xreadgroup("g", "c", {stream: ">"}, count=batch, block=1000)
-            if reply:
-                ids = [eid for eid, _ in reply[0][1]]
-                await client.xack(stream, "g", *ids)
-                got += len(ids)
-
-    await asyncio.gather(produce(), consume())
+    await asyncio.gather(raw_produce(client, stream, payloads, batch),
+                         raw_consume(client, stream, len(payloads), batch))
     return time.perf_counter() - t0
 
 
 async def run_queue(client: redis.asyncio.Redis, stream: str, trajectories: list[Trajectory], batch: int) -> float:
     q = TrajectoryQueue(client, stream, consumer="c")
     t0 = time.perf_counter()
-
-    async def produce() -> None:
-        for i in range(0, len(trajectories), batch):
-            await q.put(trajectories[i:i + batch])
-
-    async def consume() -> None:
-        got = 0
-        while got < len(trajectories):
-            entries = await q.read(batch, timeout_s=1.0)
-            await q.ack([e.entry_id for e in entries])
-            got += len(entries)
-
-    await asyncio.gather(produce(), consume())
+    await asyncio.gather(queue_produce(q, trajectories, batch), queue_consume(q, len(trajectories), batch))
     return time.perf_counter() - t0
 
 
@@ -142,7 +145,7 @@ def _side(role: str, kind: str, url: str, stream: str, n: int, batch: int, barri
         client = make_client(url) if kind == "queue" else redis.asyncio.Redis.from_url(url)
         rng = random.Random(0)
         trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)] if role == "producer" else []
-        payloads = [t.to_msgpack() for t in trajectories]
+        payloads = [t.to_msgpack() for t in trajectories] if kind == "raw" else []
         q = TrajectoryQueue(client, stream, consumer="c")
         if kind == "raw":
             with contextlib.suppress(redis.exceptions.ResponseError):  # BUSYGROUP: the other side made it
@@ -152,27 +155,10 @@ def _side(role: str, kind: str, url: str, stream: str, n: int, batch: int, barri
         await asyncio.to_thread(barrier.wait)
         t0 = time.perf_counter()
         if role == "producer":
-            for i in range(0, n, batch):
-                if kind == "queue":
-                    await q.put(trajectories[i:i + batch])
-                else:
-                    async with client.pipeline(transaction=False) as pipe:
-                        for p in payloads[i:i + batch]:
-                            pipe.xadd(stream, {"t": p})
-                        await pipe.execute()
+            await (queue_produce(q, trajectories, batch) if kind == "queue"
+                   else raw_produce(client, stream, payloads, batch))
         else:
-            got = 0
-            while got < n:
-                if kind == "queue":
-                    entries = await q.read(batch, timeout_s=1.0)
-                    await q.ack([e.entry_id for e in entries])
-                    got += len(entries)
-                else:
-                    reply = await client.xreadgroup("g", "c", {stream: ">"}, count=batch, block=1000)
-                    if reply:
-                        ids = [eid for eid, _ in reply[0][1]]
-                        await client.xack(stream, "g", *ids)
-                        got += len(ids)
+            await (queue_consume(q, n, batch) if kind == "queue" else raw_consume(client, stream, n, batch))
             out.put(time.perf_counter() - t0)
         await client.aclose()
     asyncio.run(main())
@@ -246,6 +232,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
         return sorted(q / w for q, w in zip(rates[name], rates[base]))
 
     ratio = {name: ratios(name) for name in runs if not name.endswith("_2proc")}
+    ratio.update({name: ratios(name, "raw_2proc") for name in runs if name.endswith("_2proc")})
     med = {name: statistics.median(v) for name, v in rates.items()}
     cpu = {name: statistics.median(v) for name, v in cpu_us.items()}
     size_kb = statistics.mean(len(p) for p in payloads) / 1024
@@ -261,10 +248,9 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
               f"{statistics.median(ratio[name]):>8.2f}{f'{lo:.2f}-{hi:.2f}':>12}{cpu[name]:>13.0f}")
     two = ""
     if processes == 2:
-        ratio["queue_2proc"] = ratios("queue_2proc", "raw_2proc")
         for name, label in (("raw_2proc", "raw, producer and consumer processes"),
                             ("queue_2proc", "TrajectoryQueue, producer and consumer processes")):
-            r = ratio.get(name, [1.0])  # CPU of child processes is not counted here
+            r = ratio[name]  # (the CPU of child processes is not counted here)
             print(f"{label:<44}{med[name]:>9.0f}{med[name] * size_kb / 1024:>8.1f}"
                   f"{statistics.median(r):>8.2f}{f'{r[0]:.2f}-{r[-1]:.2f}':>12}{'':>13}")
         two = (f" queue_vs_raw_2proc_ratio={statistics.median(ratio['queue_2proc']):.3f}"

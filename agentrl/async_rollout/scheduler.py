@@ -184,13 +184,12 @@ class RolloutScheduler:
             try:
                 group = await self._episodes(task, group_id)
                 self._observe(task, group)
-                uniform = len({t.reward for t in group}) == 1
-                if uniform and self.config.drop_uniform_groups and self._may_drop():
+                uniform = self.config.drop_uniform_groups and len({t.reward for t in group}) == 1
+                if uniform and self._may_drop():
                     self.stats.groups_filtered += 1
                     return await self.gate.release(requeue=True)
                 await self._queue(group)
-                if uniform and self.config.drop_uniform_groups:
-                    self.stats.groups_uniform_queued += 1
+                self.stats.groups_uniform_queued += uniform
                 return await self.gate.release()
             except _StaleGroup as exc:
                 stale += 1

@@ -2,11 +2,11 @@
 
 Every call is bounded by ONE deadline (``Timeouts``) that covers its retries and backoff sleeps, so no call can
 outlive it. Only failures that cannot have had an effect are retried (connection refused, 502/503 before the
-server accepted the request, and once at once a pooled keep-alive connection the server had just closed: idle
-connections are dropped after ``keepalive_s`` = 4 s, before SGLang's uvicorn drops them at 5 s); the rest raise :class:`EngineError` naming the server and the call
-(:class:`EngineUnavailable` when the server could not be reached or dropped the connection). A ``generate`` that
-times out or is cancelled is also aborted on the server (``/abort_request`` with its ``rid``), so no orphaned
-request keeps the server busy.
+server accepted the request, and once, at once, a pooled keep-alive connection the server had just closed; idle
+connections are dropped after ``keepalive_s`` = 4 s, before SGLang's uvicorn drops them at 5 s); the rest raise
+:class:`EngineError` naming the server and the call (:class:`EngineUnavailable` when the server could not be
+reached or dropped the connection). A ``generate`` that times out or is cancelled is also aborted on the server
+(``/abort_request`` with its ``rid``), so no orphaned request keeps the server busy.
 """
 
 from __future__ import annotations
