@@ -41,3 +41,14 @@ def test_bad_configs_say_what_is_wrong(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(tmp_path / "list.yaml")
+
+
+def test_trainer_scores_tokens_at_the_rollout_temperature():
+    assert "temperature" not in load_config(None, []).trainer.get("loss", {})  # T = 1: nothing to say
+    cfg = load_config(None, ["rollout.temperature=1.3", "trainer.loss.kl_coef=0.1"])
+    assert cfg.trainer["loss"] == {"kl_coef": 0.1, "temperature": 1.3}
+    assert load_config(None, ["rollout.temperature=0.7", "trainer.loss.temperature=0.7"]).trainer["loss"] == {
+        "temperature": 0.7}
+    assert "temperature" not in load_config(None, ["rollout.temperature=0"]).trainer.get("loss", {})  # greedy
+    with pytest.raises(ConfigError, match="rollout.temperature 0.7"):
+        load_config(None, ["rollout.temperature=0.7", "trainer.loss.temperature=1.0"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl.errors import ConfigError
 
@@ -146,6 +146,24 @@ class RunConfig(_Section):
             raise ValueError("set the model at the top level (`model:`), not in the trainer section")
         TrainerConfig(model="-", **value)
         return value
+
+    @model_validator(mode="after")
+    def _trainer_scores_at_the_sampling_temperature(self) -> RunConfig:
+        """The trainer's log-probs must be those of the distribution the engine sampled from (logits / T), or
+        every importance ratio is off by the temperature: ``trainer.loss.temperature`` follows
+        ``rollout.temperature`` unless set, and may not contradict it (greedy sampling, T = 0, leaves it alone)."""
+        sampled = self.rollout.temperature
+        loss = self.trainer.get("loss", {})
+        if sampled <= 0:
+            return self
+        if "temperature" not in loss:
+            if sampled != 1.0:
+                self.trainer = {**self.trainer, "loss": {**loss, "temperature": sampled}}
+        elif float(loss["temperature"]) != sampled:
+            raise ValueError(f"trainer.loss.temperature {loss['temperature']} differs from rollout.temperature "
+                             f"{sampled}: the trainer must score tokens at the temperature they were sampled at "
+                             "(leave trainer.loss.temperature unset to follow the rollout's)")
+        return self
 
     def with_absolute_paths(self) -> RunConfig:
         """Relative file paths (imports, datasets, runs_dir) made absolute against the current directory, so
