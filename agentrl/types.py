@@ -13,28 +13,34 @@ re-tokenised):
 
 In a process the per-token arrays are read-only numpy arrays (int32 ids and versions, uint8 mask, float32
 logprobs: the engine computes logprobs in fp32, so float32 is lossless for them); sequences passed to the
-constructor are converted once. On the wire: one msgpack map ``{schema: SCHEMA_VERSION, token_ids: bin, loss_mask:
-bin, behavior_logprobs: bin, weight_versions: bin, header: {every other field}}``, the arrays as their
-little-endian bytes. Any msgpack decoder reads it. agentrl writes it in that order with 32-bit bin lengths, so
-encoding is one join of the arrays' own memory, and decoding finds the arrays by their offsets and wraps the
-payload's bytes (``np.frombuffer``, zero-copy) while msgpack decodes only the small header; a payload in any
-other order (or the flat map of earlier builds) takes the general msgpack path.
+constructor are converted once. On the wire (schema 2): one msgpack map ``{schema: 2, token_ids: bin, loss_mask:
+bin, behavior_logprobs: bin, weight_versions: bin, turns: bin, header: {every other field}}``, the arrays as their
+little-endian bytes and ``turns`` as the msgpack bytes of the list of turns. Any msgpack decoder reads it.
+agentrl writes it in that order with 32-bit bin lengths, so encoding is a list of pieces that point at the arrays'
+own memory (:meth:`Trajectory.wire_pieces`; a Redis client of ``agentrl.queue`` sends them without joining them),
+and decoding finds the arrays by their offsets and wraps the payload's bytes (``np.frombuffer``, zero-copy), while
+msgpack decodes only the small header: the turns stay bytes until something reads them (:class:`LazyTurns`; a
+trainer never does). A payload in any other order, and schema 1 (the turns inside the header), take the general
+msgpack path.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import msgpack
 import numpy as np
 
 from agentrl.errors import AgentRLError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_READABLE_SCHEMAS = (1, 2)  # 1: the turns inside the header, as lists; the dict form of both is the same
 
 
 class SchemaError(AgentRLError, ValueError):
@@ -110,6 +116,57 @@ class Turn(NamedTuple):
         return d
 
 
+class LazyTurns(Sequence[Turn]):
+    """The turns of a trajectory read from the wire, decoded on first use: a trainer reads thousands of
+    trajectories a minute and never their turns (the texts, tool calls and results are most of a payload's
+    decoding time). Behaves as the tuple of turns it stands for (compares equal to it, pickles as it); a blob
+    that does not decode raises :class:`SchemaError` when first read."""
+
+    __slots__ = ("_blob", "_turns")
+
+    def __init__(self, blob: bytes | memoryview) -> None:
+        self._blob: bytes | memoryview | None = blob
+        self._turns: tuple[Turn, ...] | None = None
+
+    @property
+    def wire(self) -> bytes | memoryview | None:
+        """The encoded turns while they have not been decoded (re-encoding then costs nothing), else None."""
+        return self._blob
+
+    def _get(self) -> tuple[Turn, ...]:
+        if self._turns is None:
+            assert self._blob is not None
+            self._turns = _turns_from_wire(_unpack(self._blob, "its turns do not decode: "))
+            self._blob = None
+        return self._turns
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    @overload
+    def __getitem__(self, i: int) -> Turn: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Turn, ...]: ...
+    def __getitem__(self, i: int | slice) -> Turn | tuple[Turn, ...]:
+        return self._get()[i]
+
+    def __iter__(self) -> Iterator[Turn]:
+        return iter(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyTurns):
+            return self._get() == other._get()
+        return self._get() == other if isinstance(other, tuple) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, (self._get(),))
+
+
 #: per-token arrays of a trajectory and their dtypes (little-endian on the wire)
 ARRAYS: dict[str, str] = {"token_ids": "<i4", "loss_mask": "u1", "behavior_logprobs": "<f4", "weight_versions": "<i4"}
 
@@ -118,7 +175,8 @@ _DTYPES = {name: np.dtype(code) for name, code in ARRAYS.items()}
 
 
 def _readonly_array(value: Any, dtype: str, name: str) -> np.ndarray:
-    if type(value) is np.ndarray and value.dtype == _DTYPES[name] and value.ndim == 1 and not value.flags.writeable:
+    if (type(value) is np.ndarray and value.dtype == _DTYPES[name] and value.ndim == 1 and not value.flags.writeable
+            and value.flags.c_contiguous):
         return value  # already frozen and typed (e.g. decoded from the wire): nothing to do
     arr = np.asarray(value, dtype=dtype)
     if arr is value and arr.flags.writeable:
@@ -144,7 +202,7 @@ class Trajectory:
     reward: float
     finish_reason: FinishReason
     reward_breakdown: dict[str, float] = field(default_factory=dict)
-    turns: tuple[Turn, ...] = ()
+    turns: Sequence[Turn] = ()  # a tuple, or LazyTurns when decoded from the wire
     env: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
@@ -196,41 +254,60 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (per-token arrays as lists), e.g. for ``rollouts.jsonl`` and REST results."""
-        d: dict[str, Any] = {"schema": SCHEMA_VERSION, **_header(self)}
+        d: dict[str, Any] = {"schema": SCHEMA_VERSION, **_header(self), "turns": _turns_wire(self.turns)}
         d.update((name, getattr(self, name).tolist()) for name in ARRAYS)
         return d
 
-    def to_msgpack(self) -> bytes:
-        parts: list[Any] = [_WIRE_PREFIX]
+    def wire_pieces(self) -> list[bytes | memoryview]:
+        """The msgpack payload as consecutive pieces, the arrays' (and undecoded turns') own memory among them:
+        ``b"".join(pieces) == to_msgpack()``; a writer that sends pieces saves copying ~13 bytes per token."""
+        parts: list[bytes | memoryview] = [_WIRE_PREFIX]
         for name in ARRAYS:
             arr = getattr(self, name)
             parts += (_ARRAY_KEYS[name], b"\xc6", arr.nbytes.to_bytes(4, "big"), arr.data.cast("B"))
-        parts += (_HEADER_KEY, msgpack.packb(_header(self), use_bin_type=True))
-        return b"".join(parts)
+        turns = self.turns.wire if isinstance(self.turns, LazyTurns) else None
+        if turns is None:
+            turns = _packb(_turns_wire(self.turns))
+        parts += (_TURNS_KEY, b"\xc6", len(turns).to_bytes(4, "big"), turns, _HEADER_KEY, _packb(_header(self)))
+        return parts
+
+    def to_msgpack(self) -> bytes:
+        return b"".join(self.wire_pieces())
 
     @classmethod
     def from_msgpack(cls, payload: bytes) -> Trajectory:
         wire = _split(payload)
-        if wire is None:  # not in our own field order: the general (copying) path
+        if wire is None:  # not in our own field order (or schema 1): the general (copying) path
             wire = _unpack(payload, "")
             if isinstance(wire, dict) and isinstance(wire.get("header"), dict):
                 wire = {**wire.pop("header"), **wire}
         return _from_wire(wire)
 
 
-_WIRE_PREFIX = b"\x86" + msgpack.packb("schema") + msgpack.packb(SCHEMA_VERSION)  # a map of 6: schema, arrays, header
+_WIRE_PREFIX = b"\x87" + msgpack.packb("schema") + msgpack.packb(SCHEMA_VERSION)  # a map of 7: schema, arrays, turns, header
 _ARRAY_KEYS = {name: msgpack.packb(name) for name in ARRAYS}
+_TURNS_KEY = msgpack.packb("turns")
 _HEADER_KEY = msgpack.packb("header")
+_packers = threading.local()  # msgpack.packb builds a Packer (and its buffer) per call; one per thread here
+
+
+def _packb(obj: Any) -> bytes:
+    try:
+        pack = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+    return pack(obj)  # type: ignore[no-any-return]
 
 
 def _split(payload: bytes) -> dict[str, Any] | None:
-    """The wire map of a payload laid out as ``to_msgpack`` writes it, the arrays as views of ``payload``;
-    None if it is laid out otherwise (then the general msgpack path decides)."""
+    """The wire map of a payload laid out as ``to_msgpack`` writes it, the arrays as views of ``payload`` and
+    the turns as :class:`LazyTurns` on it; None if it is laid out otherwise (then the general msgpack path
+    decides)."""
     if not isinstance(payload, bytes) or not payload.startswith(_WIRE_PREFIX):
         return None
     view, pos, end = memoryview(payload), len(_WIRE_PREFIX), len(payload)
     wire: dict[str, Any] = {}
-    for name, key in _ARRAY_KEYS.items():
+    for name, key in (*_ARRAY_KEYS.items(), ("turns", _TURNS_KEY)):
         if not payload.startswith(key, pos) or payload[pos + len(key):pos + len(key) + 1] != b"\xc6":
             return None
         pos += len(key) + 5
@@ -255,7 +332,7 @@ def _unpack(data: Any, what: str) -> Any:
 
 
 def _header(t: Trajectory) -> dict[str, Any]:
-    """Every field but the per-token arrays, JSON- and msgpack-ready."""
+    """Every field but the per-token arrays and the turns, JSON- and msgpack-ready."""
     return {
         "trajectory_id": t.trajectory_id,
         "prompt_id": t.prompt_id,
@@ -264,35 +341,47 @@ def _header(t: Trajectory) -> dict[str, Any]:
         "reward": float(t.reward),
         "finish_reason": t.finish_reason.value,
         "reward_breakdown": dict(t.reward_breakdown),
-        "turns": [
-            [
-                u.index, u.text, u.token_start, u.token_end, u.observation_len,
-                [[c.name, c.arguments, c.raw, c.error] for c in u.tool_calls],
-                [[r.name, r.status, r.output, r.latency_s] for r in u.tool_results],
-                u.generate_s, u.tool_s,
-            ]
-            for u in t.turns
-        ],
         "env": t.env,
         "metadata": t.metadata,
         "created_at": t.created_at,
     }
 
 
+def _turns_wire(turns: Sequence[Turn]) -> list[list[Any]]:
+    """Turns as positional lists (field order of Turn, ToolCall, ToolResult)."""
+    return [
+        [
+            u.index, u.text, u.token_start, u.token_end, u.observation_len,
+            [[c.name, c.arguments, c.raw, c.error] for c in u.tool_calls],
+            [[r.name, r.status, r.output, r.latency_s] for r in u.tool_results],
+            u.generate_s, u.tool_s,
+        ]
+        for u in turns
+    ]
+
+
+def _turns_from_wire(wire: Any) -> tuple[Turn, ...]:
+    try:
+        return tuple([
+            Turn(u[0], u[1], u[2], u[3], u[4], tuple([ToolCall(*c) for c in u[5]]),
+                 tuple([ToolResult(*r) for r in u[6]]), u[7], u[8])
+            for u in wire
+        ])
+    except (IndexError, TypeError, ValueError) as exc:
+        raise SchemaError(f"malformed trajectory payload: its turns are not lists of turn fields: {exc!r}") from exc
+
+
 def _from_wire(w: Any) -> Trajectory:
     if not isinstance(w, dict) or "schema" not in w:
         raise SchemaError("not a trajectory: expected a map with a 'schema' field")
-    if w["schema"] != SCHEMA_VERSION:
+    if w["schema"] not in _READABLE_SCHEMAS:
         raise SchemaError(
-            f"trajectory schema {w['schema']} is not supported (this agentrl reads schema {SCHEMA_VERSION}); "
-            "producer and consumer must run the same agentrl version"
+            f"trajectory schema {w['schema']} is not supported (this agentrl reads schemas "
+            f"{', '.join(map(str, _READABLE_SCHEMAS))}); producer and consumer must run the same agentrl version"
         )
     try:
-        turns = tuple([
-            Turn(u[0], u[1], u[2], u[3], u[4], tuple([ToolCall(*c) for c in u[5]]),
-                 tuple([ToolResult(*r) for r in u[6]]), u[7], u[8])
-            for u in w["turns"]
-        ])
+        turns = w["turns"]
+        turns = LazyTurns(turns) if isinstance(turns, (bytes, memoryview)) else _turns_from_wire(turns)
         return Trajectory(
             trajectory_id=w["trajectory_id"],
             prompt_id=w["prompt_id"],

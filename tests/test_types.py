@@ -1,4 +1,5 @@
 import json
+import pickle
 
 import msgpack
 import pytest
@@ -7,6 +8,7 @@ from agentrl.types import (
     ARRAYS,
     SCHEMA_VERSION,
     FinishReason,
+    LazyTurns,
     SchemaError,
     ToolCall,
     ToolResult,
@@ -45,9 +47,45 @@ def test_msgpack_round_trip_is_exact():
 def test_wire_is_plain_msgpack_with_arrays_as_bytes_and_a_nested_header():
     t = make_traj()
     wire = msgpack.unpackb(t.to_msgpack())
-    assert list(wire) == ["schema", *ARRAYS, "header"]
+    assert list(wire) == ["schema", *ARRAYS, "turns", "header"]
     assert [wire[name] for name in ARRAYS] == [getattr(t, name).tobytes() for name in ARRAYS]
     assert wire["header"]["trajectory_id"] == "t1" and wire["header"]["metadata"]["nested"] == {"k": [1, 2]}
+    turns = msgpack.unpackb(wire["turns"])  # msgpack bytes of the turns, as positional lists
+    assert [u[1] for u in turns] == ["<code>print(1)</code>", "\\boxed{1}"] and turns[0][6][0][2] == "1"
+    assert b"".join(t.wire_pieces()) == t.to_msgpack()
+    assert any(isinstance(p, memoryview) for p in t.wire_pieces())  # the arrays' own memory, not copies
+
+
+def test_turns_are_decoded_on_first_use_and_behave_as_the_tuple():
+    t = make_traj()
+    back = Trajectory.from_msgpack(t.to_msgpack())
+    assert isinstance(back.turns, LazyTurns) and back.turns.wire is not None  # nothing decoded yet
+    assert back.to_msgpack() == t.to_msgpack()  # re-encoding reuses the undecoded bytes
+    assert back.turns == t.turns and t.turns == back.turns and back.turns[1].text == "\\boxed{1}"
+    assert back.turns.wire is None and len(back.turns) == 2 and list(back.turns) == list(t.turns)
+    assert back.turns[0].tool_results[0] == ToolResult("python", "Finished", "1", 0.01)
+    assert pickle.loads(pickle.dumps(back)) == t  # pickles as the plain tuple (a memoryview cannot be pickled)
+    assert back.to_dict() == t.to_dict() and back.to_msgpack() == t.to_msgpack()
+
+
+def test_a_corrupt_turns_blob_raises_schema_error_when_read():
+    wire = msgpack.unpackb(make_traj().to_msgpack())
+    wire["turns"] = b"\xc1 not msgpack"
+    back = Trajectory.from_msgpack(msgpack.packb(wire, use_bin_type=True))
+    assert back.num_tokens == 8  # what a trainer needs is intact
+    with pytest.raises(SchemaError, match="turns"):
+        len(back.turns)
+    wire["turns"] = msgpack.packb([[1, "x"]])
+    with pytest.raises(SchemaError, match="turns"):
+        list(Trajectory.from_msgpack(msgpack.packb(wire, use_bin_type=True)).turns)
+
+
+def test_schema_1_payloads_with_the_turns_inside_the_header_still_decode():
+    t = make_traj()
+    wire = msgpack.unpackb(t.to_msgpack())
+    header = {**wire.pop("header"), "turns": msgpack.unpackb(wire.pop("turns"))}
+    v1 = msgpack.packb({**wire, "schema": 1, "header": header}, use_bin_type=True)
+    assert Trajectory.from_msgpack(v1) == t
 
 
 @pytest.mark.parametrize("layout", ["reordered", "flat (earlier builds)", "bin8 lengths"])
@@ -57,7 +95,7 @@ def test_payloads_in_other_layouts_take_the_general_path_to_the_same_trajectory(
     if layout == "reordered":
         wire = {"header": wire.pop("header"), **wire}
     elif layout == "flat (earlier builds)":
-        wire = {**wire.pop("header"), **wire}
+        wire = {**wire.pop("header"), **wire, "turns": msgpack.unpackb(wire["turns"])}
     payload = msgpack.packb(wire, use_bin_type=True)  # msgpack's own packer: the shortest bin lengths
     assert Trajectory.from_msgpack(payload) == t
 

@@ -263,14 +263,57 @@ def make_client(url: str, *, connect_timeout_s: float = 10.0) -> redis.asyncio.R
     """An asyncio client for the queue and registry: binary replies, no socket read timeout (blocking reads
     are bounded by asyncio.timeout instead), and one immediate reconnect — the RetryPolicy of the queue and the
     registry is the retry layer, so redis-py's own backoff (10 tries by default) would only multiply it.
-    Before Python 3.12 its connections write large commands piece by piece (:class:`_PieceWriter`)."""
+    Its connections take :class:`Pieces` arguments (sent piece by piece, never joined) and, before Python 3.12,
+    write large commands piece by piece (:class:`_PieceWriter`)."""
     pool = redis.asyncio.ConnectionPool.from_url(url, socket_connect_timeout=connect_timeout_s, socket_timeout=None,
                                                  retry=Retry(NoBackoff(), 1))
-    if sys.version_info < (3, 12):
-        pool.connection_class = _piece_writing(pool.connection_class)
+    pool.connection_class = _piece_sending(pool.connection_class, sys.version_info < (3, 12))
     client = redis.asyncio.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as from_url: aclose() closes the pool it made
     return client
+
+
+class Pieces:
+    """One bulk-string argument of a Redis command given as consecutive byte buffers (bytes, or memoryviews of
+    format ``B``), e.g. :meth:`agentrl.types.Trajectory.wire_pieces`: a client of :func:`make_client` sends
+    them one after another and never joins them (see :func:`sends_pieces`)."""
+
+    __slots__ = ("parts", "nbytes")
+
+    def __init__(self, parts: list[bytes | memoryview]) -> None:
+        self.parts = parts
+        self.nbytes = sum(map(len, parts))
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def sends_pieces(client: Any) -> bool:
+    """Whether ``client``'s connections take :class:`Pieces` arguments (clients of :func:`make_client` do)."""
+    pool = getattr(client, "connection_pool", None)
+    return bool(getattr(getattr(pool, "connection_class", None), "sends_pieces", False))
+
+
+def _pack_with_pieces(encode: Callable[[Any], bytes], args: tuple[Any, ...]) -> list[bytes | memoryview]:
+    """RESP for ``args``, a :class:`Pieces` argument as its parts (small parts are joined by pack_commands)."""
+    if isinstance(args[0], str):  # 'CONFIG GET'-style names, as redis-py splits them
+        args = (*args[0].encode().split(), *args[1:])
+    out: list[bytes | memoryview] = []
+    buff: list[bytes] = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if type(arg) is Pieces:
+            buff.append(b"$%d\r\n" % arg.nbytes)
+            out.append(b"".join(buff))
+            out.extend(arg.parts)
+            buff = [b"\r\n"]
+        else:
+            value = encode(arg)
+            buff += (b"$%d\r\n" % len(value), value, b"\r\n")
+    out.append(b"".join(buff))
+    return out
 
 
 class _PieceWriter(asyncio.StreamWriter):
@@ -297,17 +340,26 @@ class _PieceWriter(asyncio.StreamWriter):
 
 
 @functools.cache  # one subclass per redis-py connection class, not one per client
-def _piece_writing(base: type[Any]) -> type[Any]:
-    """``base`` (a redis-py asyncio connection class) whose stream writer is a :class:`_PieceWriter`."""
+def _piece_sending(base: type[Any], piece_writer: bool) -> type[Any]:
+    """``base`` (a redis-py asyncio connection class) that packs :class:`Pieces` arguments, and whose stream
+    writer is a :class:`_PieceWriter` if ``piece_writer``."""
 
-    class PieceWriting(base):  # type: ignore[misc, valid-type]
-        async def _connect(self) -> None:
-            await super()._connect()
-            if type(self._writer) is asyncio.StreamWriter:
-                self._writer.__class__ = _PieceWriter  # same object and state, one method different
+    class PieceSending(base):  # type: ignore[misc, valid-type]
+        sends_pieces = True
 
-    PieceWriting.__name__ = PieceWriting.__qualname__ = f"PieceWriting{base.__name__}"
-    return PieceWriting
+        def pack_command(self, *args: Any) -> list[Any]:
+            if any(type(a) is Pieces for a in args):
+                return _pack_with_pieces(self.encoder.encode, args)
+            return super().pack_command(*args)  # type: ignore[no-any-return]
+
+        if piece_writer:
+            async def _connect(self) -> None:
+                await super()._connect()
+                if type(self._writer) is asyncio.StreamWriter:
+                    self._writer.__class__ = _PieceWriter  # same object and state, one method different
+
+    PieceSending.__name__ = PieceSending.__qualname__ = f"PieceSending{base.__name__}"
+    return PieceSending
 
 
 def _attach_or_start(data_dir: Path, timeout_s: float) -> tuple[str, EmbeddedRedis | None]:

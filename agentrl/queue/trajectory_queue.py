@@ -39,6 +39,7 @@ import redis.exceptions
 from agentrl.errors import ConfigError, QueueError
 from agentrl.queue import _scripts
 from agentrl.queue.base import QueueEntry, QueueFullError, QueueStats
+from agentrl.queue.redis_server import Pieces, sends_pieces
 from agentrl.queue.retry import RetryPolicy
 from agentrl.types import SchemaError, Trajectory
 
@@ -75,6 +76,7 @@ class TrajectoryQueue:
         self._ack = redis_client.register_script(_scripts.ACK)
         self._dead_letter = redis_client.register_script(_scripts.DEAD_LETTER)
         self._renew = redis_client.register_script(_scripts.RENEW)
+        self._send_pieces = sends_pieces(redis_client)  # payloads go out as the trajectory's own buffers
         self._group_ready = False
         self._delivered: dict[str, tuple[bytes, bytes]] = {}  # entry id -> (trajectory id, version), until acked
         self._recover_from: str | None = "0"  # own pending entries are re-delivered first (restart recovery)
@@ -87,7 +89,8 @@ class TrajectoryQueue:
         Raises QueueFullError after ``timeout_s`` (None: wait as long as it takes) with the ids that got in.
         """
         await self._ensure_group()
-        items = [(t.trajectory_id, str(_oldest_version(t)), t.to_msgpack()) for t in trajectories]
+        encode = _as_pieces if self._send_pieces else Trajectory.to_msgpack
+        items = [(t.trajectory_id, str(_oldest_version(t)), encode(t)) for t in trajectories]
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         ids: list[str] = []
@@ -100,7 +103,7 @@ class TrajectoryQueue:
                 await self._wait_for_room(deadline, ids, len(ids) + len(items))
         return ids
 
-    async def _put_chunk(self, chunk: list[tuple[str, str, bytes]]) -> list[str]:
+    async def _put_chunk(self, chunk: list[tuple[str, str, bytes | Pieces]]) -> list[str]:
         """ADMIT (and mark) the leading entries that fit, then add them in one MULTI (see _scripts); their entry ids.
 
         A retry of the whole call after a lost reply is safe: ADMIT answers '+' for what the first try added."""
@@ -153,7 +156,7 @@ class TrajectoryQueue:
             status.update(dict.fromkeys(wanted, ""))
             log.warning("queue %r: %d stale 'already queued' markers dropped", self.stream, len(wanted))
 
-    def _chunk(self, items: list[tuple[str, str, bytes]]) -> list[tuple[str, str, bytes]]:
+    def _chunk(self, items: list[tuple[str, str, bytes | Pieces]]) -> list[tuple[str, str, bytes | Pieces]]:
         size, n = 0, 0
         for _, _, payload in items[: self.capacity]:
             size += len(payload)
@@ -399,6 +402,10 @@ class TrajectoryQueue:
             raise ConfigError(f"reading queue {self.stream!r} needs a consumer name: pass consumer=... "
                               "(stable per trainer rank, e.g. 'trainer-0')")
         return self.consumer
+
+
+def _as_pieces(t: Trajectory) -> Pieces:
+    return Pieces(t.wire_pieces())
 
 
 def _oldest_version(t: Trajectory) -> int:

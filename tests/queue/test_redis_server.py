@@ -21,7 +21,7 @@ from agentrl.queue import (
     check_redis_version,
     connect_redis,
 )
-from agentrl.queue.redis_server import _PieceWriter, redact_url, verify_server
+from agentrl.queue.redis_server import Pieces, _PieceWriter, redact_url, sends_pieces, verify_server
 
 pytestmark = pytest.mark.redis
 
@@ -161,3 +161,28 @@ async def test_client_writes_large_pipelines_exactly(client: redis.asyncio.Redis
         assert type(conn._writer) is expected
     finally:
         await client.connection_pool.release(conn)
+
+
+async def test_pieces_arguments_arrive_as_their_parts_joined(client: redis.asyncio.Redis, name: str) -> None:
+    """A Pieces argument (e.g. a trajectory's wire pieces: small bytes and large memoryviews) is sent part by
+    part, alone, inside a command with other arguments, and in pipelines; the server stores the parts joined."""
+    import numpy as np
+
+    big = np.arange(100_000, dtype="<i4")
+    values = [Pieces([]), Pieces([b"a"]),
+              Pieces([b"head", big.data.cast("B"), b"", memoryview(os.urandom(20_000)), b"tail"]),
+              Pieces([memoryview(b"x" * 7000)[10:]])]
+    async with client.pipeline(transaction=True) as pipe:
+        for k, v in enumerate(values):
+            pipe.xadd(f"{name}:s", {"i": str(k), "t": v, "after": "z" * 9000})
+        await pipe.execute()
+    entries = await client.xrange(f"{name}:s")
+    assert [f[b"t"] for _, f in entries] == [bytes(v) for v in values]
+    assert all(f[b"after"] == b"z" * 9000 and f[b"i"] == str(k).encode() for k, (_, f) in enumerate(entries))
+    await client.set(f"{name}:k", values[2])  # outside a pipeline too
+    assert await client.get(f"{name}:k") == bytes(values[2]) and len(values[2]) == 400_008 + 20_000
+    await client.delete(f"{name}:s", f"{name}:k")
+    assert sends_pieces(client)
+    stock = redis.asyncio.Redis.from_url("redis://localhost:1")  # never connects: only its class is looked at
+    assert not sends_pieces(stock) and not sends_pieces(object())
+    await stock.aclose()

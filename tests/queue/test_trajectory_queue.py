@@ -43,6 +43,25 @@ async def test_put_read_ack_round_trip(client: redis.asyncio.Redis, name: str) -
     assert await client.hlen(f"{name}:payloads") == await client.hlen(f"{name}:ids") == 0  # nothing left behind
 
 
+async def test_a_stock_redis_py_client_moves_the_same_bytes(client: redis.asyncio.Redis, redis_url: str,
+                                                               name: str) -> None:
+    """Through make_client's client a payload goes out as the trajectory's pieces; through a stock redis-py client
+    as one joined bytes: the stream holds the same payload either way, and either queue reads the other's."""
+    stock = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        sent = [make_trajectory(version=v) for v in (0, 1)]
+        fast, plain = queue(client, name), queue(stock, name, consumer="c2")
+        assert fast._send_pieces and not plain._send_pieces
+        await fast.put(sent[:1])
+        await plain.put(sent[1:])
+        stored = [f[b"t"] for _, f in await client.xrange(name)]
+        assert stored == [t.to_msgpack() for t in sent]
+        assert [e.trajectory for e in await plain.read(1, timeout_s=1)] == sent[:1]
+        assert [e.trajectory for e in await fast.read(1, timeout_s=1)] == sent[1:]
+    finally:
+        await stock.aclose()
+
+
 async def test_read_times_out_empty(client: redis.asyncio.Redis, name: str) -> None:
     assert await queue(client, name).read(4, timeout_s=0.05) == []
     assert await queue(client, name).read(4, timeout_s=0) == []
