@@ -25,6 +25,7 @@ GAUGES = {
     "rollout_tokens_per_s": "model tokens generated per second, filtered groups included (smoothed)",
     "rollout_pass_rate": "share of solved episodes of the newest weight version, filtered groups included",
     "queue_length": "trajectories in the queue (waiting + pending)",
+    "queue_pending": "trajectories read by the trainer and not acknowledged yet (acks follow checkpoints)",
     "served_version": "weight version the rollout engine serves",
 }
 
@@ -36,6 +37,7 @@ class RunMonitor:
         self.total_steps = total_steps
         self.interval_s = interval_s
         self.values: dict[str, float] = {}
+        self.line = ""  # the last live line
         self._offset = 0
         self._last_tokens: tuple[float, float] | None = None
         self._live: Any = None
@@ -97,6 +99,7 @@ class RunMonitor:
                 self.values["rollout_tokens_per_s"] = rate if old is None else old + 0.1 * (rate - old)
             self._last_tokens = (now, tokens)
             self.values["queue_length"] = float(progress.get("queue_length", 0))
+            self.values["queue_pending"] = float(progress.get("queue_pending", 0))
             solved = progress.get("solved_by_version") or {}
             if solved:
                 s, n = solved[max(solved, key=int)]
@@ -113,8 +116,11 @@ class RunMonitor:
         line = (f"step {int(v.get('step', 0))}/{self.total_steps}  version {int(v.get('weight_version', 0))} "
                 f"(served {int(v.get('served_version', 0))})  reward {v.get('reward_mean', 0):.3f}  "
                 f"pass {v.get('rollout_pass_rate', 0):.2f}  "
-                f"rollout {v.get('rollout_tokens_per_s', 0):.0f} tok/s  queue {int(v.get('queue_length', 0))}  "
+                f"rollout {v.get('rollout_tokens_per_s', 0):.0f} tok/s  "
+                f"queue {int(v.get('queue_length', 0) - v.get('queue_pending', 0))} (+{int(v.get('queue_pending', 0))} "
+                "read, unacked)  "
                 f"staleness {v.get('staleness_mean', 0):.2f}/{int(v.get('staleness_max', 0))}")
+        self.line = line
         if self._live is not None:
             from rich.text import Text
 

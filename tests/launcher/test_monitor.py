@@ -18,7 +18,8 @@ def test_gauges_and_tensorboard_follow_the_trainer_metrics(tmp_path: Path):
                                 "staleness_max": 1, "loss": 0.1}) + "\n")
             f.write('{"step": 2, "weight_version": 2, "rew')  # a line being written: not read yet
         mon.update({"generated_tokens": 100, "queue_length": 7, "version": 1})
-        mon.update({"generated_tokens": 300, "queue_length": 3, "version": 1})
+        mon.update({"generated_tokens": 300, "queue_length": 3, "queue_pending": 2, "version": 1})
+        assert "queue 1 (+2 read, unacked)" in mon.line  # XLEN counts entries read and not yet acknowledged
         assert mon.values["step"] == 1 and mon.values["reward_mean"] == 0.25
         assert mon.values["rollout_tokens_per_s"] > 0 and mon.values["queue_length"] == 3
         body = urllib.request.urlopen(mon.metrics_url, timeout=5).read().decode()
