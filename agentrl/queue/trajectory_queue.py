@@ -119,7 +119,7 @@ class TrajectoryQueue:
             per_version = Counter(version for _, version, _ in fresh)
             async with self._redis.pipeline(transaction=True) as pipe:
                 for tid, version, payload in fresh:
-                    pipe.xadd(self.stream, {"i": tid, "v": version, "t": payload})
+                    pipe.xadd(self.stream, {"i": tid, "v": version, "t": payload})  # type: ignore[dict-item]
                 for version, n in per_version.items():
                     pipe.hincrby(self._keys[1], version, n)
                 added = await pipe.execute()
