@@ -119,8 +119,8 @@ class Turn(NamedTuple):
 class LazyTurns(Sequence[Turn]):
     """The turns of a trajectory read from the wire, decoded on first use: a trainer reads thousands of
     trajectories a minute and never their turns (the texts, tool calls and results are most of a payload's
-    decoding time). Behaves as the tuple of turns it stands for (compares equal to it, pickles as it); a blob
-    that does not decode raises :class:`SchemaError` when first read."""
+    decoding time). Behaves as the tuple of turns it stands for (compares equal to it; pickles undecoded, or as
+    the tuple once decoded); a blob that does not decode raises :class:`SchemaError` when first read."""
 
     __slots__ = ("_blob", "_turns")
 
@@ -163,8 +163,8 @@ class LazyTurns(Sequence[Turn]):
     def __repr__(self) -> str:
         return repr(self._get())
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (tuple, (self._get(),))
+    def __reduce__(self) -> tuple[Any, ...]:  # still undecoded: as bytes (a memoryview cannot be pickled)
+        return (LazyTurns, (bytes(self._blob),)) if self._blob is not None else (tuple, (self._turns,))
 
 
 #: per-token arrays of a trajectory and their dtypes (little-endian on the wire)

@@ -61,10 +61,12 @@ def test_turns_are_decoded_on_first_use_and_behave_as_the_tuple():
     back = Trajectory.from_msgpack(t.to_msgpack())
     assert isinstance(back.turns, LazyTurns) and back.turns.wire is not None  # nothing decoded yet
     assert back.to_msgpack() == t.to_msgpack()  # re-encoding reuses the undecoded bytes
+    copy = pickle.loads(pickle.dumps(back))  # e.g. broadcast to the other trainer ranks: still undecoded
+    assert isinstance(copy.turns, LazyTurns) and copy.turns.wire is not None and copy == t
     assert back.turns == t.turns and t.turns == back.turns and back.turns[1].text == "\\boxed{1}"
     assert back.turns.wire is None and len(back.turns) == 2 and list(back.turns) == list(t.turns)
     assert back.turns[0].tool_results[0] == ToolResult("python", "Finished", "1", 0.01)
-    assert pickle.loads(pickle.dumps(back)) == t  # pickles as the plain tuple (a memoryview cannot be pickled)
+    assert pickle.loads(pickle.dumps(back)) == t and type(pickle.loads(pickle.dumps(back)).turns) is tuple
     assert back.to_dict() == t.to_dict() and back.to_msgpack() == t.to_msgpack()
 
 
