@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from types import TracebackType
@@ -73,6 +72,7 @@ class TrajectoryQueue:
         self._full_poll_s, self._max_batch_bytes = full_poll_s, max_batch_bytes
         self._dead_maxlen = dead_letter_maxlen
         self._admit = redis_client.register_script(_scripts.ADMIT)
+        self._drop_stale = redis_client.register_script(_scripts.DROP_STALE)
         self._ack = redis_client.register_script(_scripts.ACK)
         self._dead_letter = redis_client.register_script(_scripts.DEAD_LETTER)
         self._renew = redis_client.register_script(_scripts.RENEW)
@@ -104,24 +104,21 @@ class TrajectoryQueue:
         return ids
 
     async def _put_chunk(self, chunk: list[tuple[str, str, bytes | Pieces]]) -> list[str]:
-        """ADMIT (and mark) the leading entries that fit, then add them in one MULTI (see _scripts); their entry ids.
+        """ADMIT (mark and count) the leading entries that fit, then add them (see _scripts); their entry ids.
 
         A retry of the whole call after a lost reply is safe: ADMIT answers '+' for what the first try added."""
         firsts: dict[str, int] = {}  # a trajectory id twice in one call is queued once
         for k, (tid, _, _) in enumerate(chunk):
             firsts.setdefault(tid, k)
         distinct = [chunk[k] for k in sorted(firsts.values())]
-        reply = await self._admit(keys=[self.stream, self._keys[2]],
-                                  args=[self.capacity, *(tid for tid, _, _ in distinct)])
+        reply = await self._admit(keys=[self.stream, self._keys[2], self._keys[1]],
+                                  args=[self.capacity, *(x for tid, version, _ in distinct for x in (tid, version))])
         status = dict(zip((tid for tid, _, _ in distinct), (_str(r) for r in reply)))
         fresh = [item for item in distinct if status.get(item[0]) == ""]
-        if fresh:
-            per_version = Counter(version for _, version, _ in fresh)
-            async with self._redis.pipeline(transaction=True) as pipe:
+        if fresh:  # marked and counted by ADMIT: now the entries (a pipeline, not a MULTI: see _scripts)
+            async with self._redis.pipeline(transaction=False) as pipe:
                 for tid, version, payload in fresh:
                     pipe.xadd(self.stream, {"i": tid, "v": version, "t": payload})  # type: ignore[dict-item]
-                for version, n in per_version.items():
-                    pipe.hincrby(self._keys[1], version, n)
                 added = await pipe.execute()
             for (tid, _, _), entry_id in zip(fresh, added):
                 status[tid] = _str(entry_id)
@@ -137,7 +134,7 @@ class TrajectoryQueue:
     async def _find_queued(self, status: dict[str, str]) -> None:
         """Entry ids of trajectories ADMIT says are already queued ('+'): a put retried after its reply was lost.
         Rare, so a scan of the stream is fine. A marker without its entry (a producer died between ADMIT and its
-        MULTI, or the stream was deleted behind our back) is dropped and the trajectory admitted again by the
+        XADDs, or the stream was deleted behind our back) is dropped and the trajectory admitted again by the
         caller's next round."""
         wanted = {tid for tid, v in status.items() if v == "+"}
         start: Any = "-"
@@ -151,8 +148,8 @@ class TrajectoryQueue:
             if len(batch) < 256:
                 break
             start = "(" + _str(batch[-1][0])
-        if wanted:  # stale markers
-            await self._redis.hdel(self._keys[2], *wanted)
+        if wanted:  # stale markers (and the counts ADMIT made for them)
+            await self._drop_stale(keys=[self._keys[2], self._keys[1]], args=sorted(wanted))
             status.update(dict.fromkeys(wanted, ""))
             log.warning("queue %r: %d stale 'already queued' markers dropped", self.stream, len(wanted))
 

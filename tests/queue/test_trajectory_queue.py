@@ -107,6 +107,7 @@ async def test_put_retried_after_a_lost_reply_adds_nothing_twice(client: redis.a
     ids = await q.put(sent)
     assert ids == lost[0]  # the retry found the entries the first try added
     assert [e.trajectory for e in await q.read(10, timeout_s=1)] == sent  # each once, in order
+    assert (await q.stats()).per_version == {0: 5}  # and counted once
 
 
 async def test_stale_queued_marker_does_not_swallow_a_trajectory(client: redis.asyncio.Redis, name: str) -> None:
@@ -116,6 +117,7 @@ async def test_stale_queued_marker_does_not_swallow_a_trajectory(client: redis.a
     await client.hset(f"{name}:ids", t.trajectory_id, "+")  # marker left over, its entry gone (e.g. an XDEL by hand)
     [entry_id] = await q.put([t])
     assert [e.entry_id for e in await q.read(10, timeout_s=1)][-1] == entry_id
+    assert (await q.stats()).per_version == {0: 2}  # an earlier build's '+' marker was not counted: nothing to undo
 
 
 async def test_producer_dying_between_admit_and_add_leaves_no_lost_trajectory(client: redis.asyncio.Redis,
@@ -123,12 +125,15 @@ async def test_producer_dying_between_admit_and_add_leaves_no_lost_trajectory(cl
     await queue(client, name).put([make_trajectory(tag="other")])
     t = make_trajectory(tag="t")
     dying = queue(client, name)
-    assert await dying._admit(keys=[name, f"{name}:ids"], args=[10, t.trajectory_id]) == [b""]  # admitted, marked
-    assert await client.hexists(f"{name}:ids", t.trajectory_id)  # ... and the producer dies before its MULTI
+    keys = [name, f"{name}:ids", f"{name}:versions"]
+    assert await dying._admit(keys=keys, args=[10, t.trajectory_id, "3"]) == [b""]  # admitted, marked, counted
+    assert await client.hget(f"{name}:ids", t.trajectory_id) == b"3"  # ... and the producer dies before its XADD
+    assert (await dying.stats()).per_version == {0: 1, 3: 1}  # (counted without its entry, for now)
     [entry_id] = await queue(client, name).put([t])  # its restart puts the trajectory again
     entries = await queue(client, name, consumer="c").read(10, timeout_s=1)
     assert [e.trajectory for e in entries][-1] == t and entries[-1].entry_id == entry_id
     assert await client.xlen(name) == await client.hlen(f"{name}:ids") == 2
+    assert (await dying.stats()).per_version == {0: 2}  # the stale marker's count went with it: one entry each
 
 
 async def test_dead_consumer_entries_are_reclaimed_and_trained_once(client: redis.asyncio.Redis,
