@@ -64,14 +64,18 @@ local cap = tonumber(ARGV[1])
 local len = redis.call('XLEN', KEYS[1])
 local out = {}
 for i = 2, #ARGV, 2 do
-  if len > 0 and redis.call('HEXISTS', KEYS[2], ARGV[i]) == 1 then
+  if len < cap then  -- room: mark it unless it is marked already (one HSETNX for both)
+    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+      len = len + 1
+      redis.call('HINCRBY', KEYS[3], ARGV[i + 1], 1)
+      out[#out + 1] = ''
+    else
+      out[#out + 1] = '+'
+    end
+  elseif redis.call('HEXISTS', KEYS[2], ARGV[i]) == 1 then
     out[#out + 1] = '+'
   else
-    if len >= cap then break end
-    len = len + 1
-    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
-    redis.call('HINCRBY', KEYS[3], ARGV[i + 1], 1)
-    out[#out + 1] = ''
+    break
   end
 end
 return out
