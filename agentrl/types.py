@@ -179,8 +179,8 @@ def _readonly_array(value: Any, dtype: str, name: str) -> np.ndarray:
             and value.flags.c_contiguous):
         return value  # already frozen and typed (e.g. decoded from the wire): nothing to do
     arr = np.asarray(value, dtype=dtype)
-    if arr is value and arr.flags.writeable:
-        arr = arr.copy()  # never freeze the caller's own array
+    if (arr is value and arr.flags.writeable) or not arr.flags.c_contiguous:
+        arr = arr.copy()  # never freeze the caller's own array; the wire sends contiguous memory
     if arr.ndim != 1:
         raise SchemaError(f"{name} must be one-dimensional, got shape {arr.shape}")
     arr.setflags(write=False)

@@ -170,6 +170,17 @@ def test_arrays_are_read_only_and_typed_and_the_callers_array_is_untouched():
                           weight_versions=[-1, 4, 5], turns=(), created_at=1.0)
 
 
+def test_strided_read_only_arrays_are_made_contiguous():
+    import numpy as np
+
+    strided = np.arange(16, dtype="<i4")[::2]
+    strided.setflags(write=False)
+    t = make_traj(token_ids=strided, prompt_len=0, loss_mask=[1] * 8, behavior_logprobs=[0.0] * 8,
+                  weight_versions=[0] * 8, turns=())
+    assert t.token_ids.flags.c_contiguous and t.token_ids.tolist() == list(range(0, 16, 2))
+    assert Trajectory.from_msgpack(t.to_msgpack()) == t
+
+
 def test_decoding_is_zero_copy_and_json_dict_has_plain_lists():
     import json
 

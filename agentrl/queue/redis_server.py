@@ -274,13 +274,15 @@ def make_client(url: str, *, connect_timeout_s: float = 10.0) -> redis.asyncio.R
 
 
 class Pieces:
-    """One bulk-string argument of a Redis command given as consecutive byte buffers (bytes, or memoryviews of
-    format ``B``), e.g. :meth:`agentrl.types.Trajectory.wire_pieces`: a client of :func:`make_client` sends
+    """One bulk-string argument of a Redis command given as consecutive byte buffers (bytes, or C-contiguous
+    memoryviews: cast to bytes ``B`` here), e.g. :meth:`agentrl.types.Trajectory.wire_pieces`: a client of :func:`make_client` sends
     them one after another and never joins them (see :func:`sends_pieces`)."""
 
     __slots__ = ("parts", "nbytes")
 
     def __init__(self, parts: list[bytes | memoryview]) -> None:
+        if any(type(p) is memoryview and p.format != "B" for p in parts):  # len() would count items, not bytes
+            parts = [p.cast("B") if type(p) is memoryview and p.format != "B" else p for p in parts]
         self.parts = parts
         self.nbytes = sum(map(len, parts))
 

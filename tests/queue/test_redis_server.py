@@ -171,13 +171,14 @@ async def test_pieces_arguments_arrive_as_their_parts_joined(client: redis.async
     big = np.arange(100_000, dtype="<i4")
     values = [Pieces([]), Pieces([b"a"]),
               Pieces([b"head", big.data.cast("B"), b"", memoryview(os.urandom(20_000)), b"tail"]),
-              Pieces([memoryview(b"x" * 7000)[10:]])]
+              Pieces([memoryview(b"x" * 7000)[10:]]), Pieces([memoryview(big[:5000]), b"!"])]  # int32 items
     async with client.pipeline(transaction=True) as pipe:
         for k, v in enumerate(values):
             pipe.xadd(f"{name}:s", {"i": str(k), "t": v, "after": "z" * 9000})
         await pipe.execute()
     entries = await client.xrange(f"{name}:s")
     assert [f[b"t"] for _, f in entries] == [bytes(v) for v in values]
+    assert entries[-1][1][b"t"] == big[:5000].tobytes() + b"!" and len(values[-1]) == 20_001
     assert all(f[b"after"] == b"z" * 9000 and f[b"i"] == str(k).encode() for k, (_, f) in enumerate(entries))
     await client.set(f"{name}:k", values[2])  # outside a pipeline too
     assert await client.get(f"{name}:k") == bytes(values[2]) and len(values[2]) == 400_008 + 20_000
