@@ -16,7 +16,7 @@ SMOKE: dict[str, Any] = {
     "log_rollouts": "full",
 }
 
-#: `agentrl demo`: SmolLM2-135M-Instruct on a 2-core CPU in about 35 minutes: a short cold-start SFT on one family
+#: `agentrl demo`: SmolLM2-135M-Instruct on a 2-core CPU in 25-36 minutes: a short cold-start SFT on one family
 #: of wordings (format, not saturation: a longer SFT leaves no sampling diversity for RL to work with), async RL
 #: (η = 1, dynamic sampling) on other wordings, held-out accuracy on wordings neither saw. bf16 on both sides
 #: (this CPU's AMX makes bf16 matmuls ~6× faster than fp32); rollout and trainer on their own core each.
