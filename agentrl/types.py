@@ -262,11 +262,10 @@ class Trajectory:
         """The msgpack payload as consecutive pieces, the arrays' (and undecoded turns') own memory among them:
         ``b"".join(pieces) == to_msgpack()``; a writer that sends pieces saves copying ~13 bytes per token."""
         parts: list[bytes | memoryview] = []
-        lead = _WIRE_PREFIX
         for name, key in _BIN_KEYS[:4]:  # each bin's key, marker and length in one small piece
             arr = getattr(self, name)
-            parts += (lead + key + arr.nbytes.to_bytes(4, "big"), arr.data.cast("B"))
-            lead = b""
+            parts += (key + arr.nbytes.to_bytes(4, "big"), arr.data.cast("B"))
+        parts[0] = _WIRE_PREFIX + parts[0]
         turns = self.turns.wire if isinstance(self.turns, LazyTurns) else None
         if turns is None:
             turns = _packb(_turns_wire(self.turns))

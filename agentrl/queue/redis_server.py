@@ -299,6 +299,9 @@ def sends_pieces(client: Any) -> bool:
     return bool(getattr(getattr(pool, "connection_class", None), "sends_pieces", False))
 
 
+_SMALL_PART = 2048  # bytes parts below this are joined with the command's framing
+
+
 def _pack_with_pieces(encode: Callable[[Any], bytes], args: tuple[Any, ...]) -> list[bytes | memoryview]:
     """RESP for ``args``, a :class:`Pieces` argument as its parts: small bytes parts are joined with the
     command's framing, the others (the arrays' memoryviews, large bytes) stay chunks of their own."""
@@ -322,9 +325,6 @@ def _pack_with_pieces(encode: Callable[[Any], bytes], args: tuple[Any, ...]) -> 
             buff += (b"$%d\r\n" % len(value), value, b"\r\n")
     out.append(b"".join(buff))
     return out
-
-
-_SMALL_PART = 2048
 
 
 class _PieceWriter(asyncio.StreamWriter):
