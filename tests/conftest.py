@@ -35,7 +35,8 @@ def sglang_url(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     from agentrl.engine.server import SGLangServer, SGLangServerConfig
 
     log = tmp_path_factory.mktemp("sglang") / "sglang.log"
-    server = SGLangServer(SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=16384), log_path=log)
+    server = SGLangServer(SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=16384,
+                                                 dtype="float32"), log_path=log)
     server.start()
     try:
         yield server.url

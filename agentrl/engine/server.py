@@ -23,6 +23,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import EngineError
+from agentrl.hardware import engine_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class SGLangServerConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # SGLang's --dtype; auto on CPU: float32 or bfloat16 by agentrl.hardware.engine_dtype
     max_total_tokens: int | None = 16384
     context_length: int | None = None
     tp_size: int = 1
@@ -99,7 +100,7 @@ class SGLangServer:
             c.python, "-m", "sglang.launch_server",
             "--model-path", c.model_path,
             "--host", c.host, "--port", str(self.port),
-            "--dtype", c.dtype,
+            "--dtype", engine_dtype(c.dtype, c.device),
             "--tp-size", str(c.tp_size),
             "--log-level", c.log_level,
             "--skip-server-warmup",

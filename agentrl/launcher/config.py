@@ -26,7 +26,7 @@ class EngineSection(_Section):
     url: str | None = None  # one URL, or several separated by commas (a pool of running servers)
     num_servers: int = Field(1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: float32, or bfloat16 where this CPU/GPU multiplies bf16 fast (agentrl.hardware)
     max_total_tokens: int | None = 16384
     context_length: int | None = None
     tp_size: int = 1

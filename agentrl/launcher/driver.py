@@ -26,6 +26,7 @@ from typing import Any
 
 from agentrl.env import default_registry
 from agentrl.errors import TrainerError
+from agentrl.hardware import engine_dtype, resolve_dtype
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.resources import load_imports, pin_to_cores, sft_traces_file
@@ -180,11 +181,38 @@ def _kill_recorded(run_dir: Path) -> None:
             time.sleep(0.5)
 
 
+def resolve_precision(cfg: RunConfig) -> RunConfig:
+    """``dtype: auto`` of the trainer and of the engine made concrete for this machine (agentrl.hardware), so
+    ``config.yaml`` records what ran. A GPU trainer placed by Ray on another node keeps ``auto`` when this
+    process sees no GPU: the trainer resolves it where it runs and logs the choice."""
+    update: dict[str, Any] = {}
+    trainer = dict(cfg.trainer)
+    device = trainer.get("device", "auto")
+    if device == "auto":
+        device = "cuda" if cfg.resources.trainer_num_gpus > 0 else "cpu"
+    if trainer.get("dtype", "auto") == "auto" and (device == "cpu" or _sees_gpu()):
+        p = resolve_dtype("auto", device)
+        trainer["dtype"] = p.dtype
+        update["trainer"] = trainer
+        logger.info("trainer dtype: auto -> %s (%s)", p.dtype, p.reason)
+    if cfg.engine.dtype == "auto" and cfg.engine.url is None:
+        chosen = engine_dtype("auto", cfg.engine.device)
+        update["engine"] = cfg.engine.model_copy(update={"dtype": chosen})
+        logger.info("engine dtype: auto -> %s", chosen if chosen != "auto" else "the model's own (SGLang on GPU)")
+    return cfg.model_copy(update=update)
+
+
+def _sees_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 async def run_training(cfg: RunConfig) -> dict[str, Any]:
     """Run a whole training job as configured; returns (and writes) ``summary.json``."""
     from agentrl.launcher.report import summarize, write_report
 
-    cfg = cfg.with_default_name().with_absolute_paths()
+    cfg = resolve_precision(cfg.with_default_name().with_absolute_paths())
     load_imports(cfg.imports)
     run_dir = cfg.run_dir().resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -12,14 +12,17 @@ SMOKE: dict[str, Any] = {
     "rollout": {"n_samples": 2, "groups_per_step": 4, "max_staleness": 0, "max_new_tokens": 48, "max_turns": 3,
                 "max_response_tokens": 160, "max_context_tokens": 512, "temperature": 1.0},
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.5}},
-    "trainer": {"optimizer": {"lr": 1e-4}, "micro_batch_tokens": 4096},
+    # fp32 on every CPU: the tiny model is fast either way, and the smoke test compares engine and trainer logprobs
+    "engine": {"dtype": "float32"},
+    "trainer": {"dtype": "fp32", "optimizer": {"lr": 1e-4}, "micro_batch_tokens": 4096},
     "log_rollouts": "full",
 }
 
 #: `agentrl demo`: SmolLM2-135M-Instruct on a 2-core CPU in 25-36 minutes: a short cold-start SFT on one family
 #: of wordings (format, not saturation: a longer SFT leaves no sampling diversity for RL to work with), async RL
-#: (η = 1, dynamic sampling) on other wordings, held-out accuracy on wordings neither saw. bf16 on both sides
-#: (this CPU's AMX makes bf16 matmuls ~6× faster than fp32); rollout and trainer on their own core each.
+#: (η = 1, dynamic sampling) on other wordings, held-out accuracy on wordings neither saw. Precision is
+#: ``auto`` on both sides (agentrl.hardware: bf16 on CPUs with AMX, where it is ~6× faster, fp32 on AVX2-only CPUs,
+#: where bf16 is ~55× slower); rollout and trainer on their own core each.
 #: 6 groups of 8 per step (48 trajectories): with 4 groups of 4 the held-out outcome after RL was a coin toss
 #: (0.975, 0.45, 0.25 from 0.75 after SFT); a step's gradient was mostly noise, and the policy drifted toward
 #: whatever operator that step's few groups rewarded.
@@ -29,7 +32,6 @@ DEMO: dict[str, Any] = {
     "checkpoint_every": 5,  # 1.7 GB each (weights + Adam state): every 5th step, the last 2 kept
     "sft": {"enabled": True, "family": "sft", "num_traces": 64, "steps": 4, "batch_size": 16, "lr": 1e-4},
     "data": {"train": "new", "heldout": "heldout", "num_heldout": 40},
-    "engine": {"dtype": "bfloat16"},
     "rollout": {"n_samples": 8, "groups_per_step": 6, "max_staleness": 1, "max_running_groups": 8,
                 "max_new_tokens": 96, "max_turns": 3, "max_response_tokens": 256, "max_context_tokens": 768,
                 # T = 1.3 (the trainer scores at the same temperature): after SFT the policy writes `a * b +- c`
@@ -43,7 +45,7 @@ DEMO: dict[str, Any] = {
                 "max_dropped_per_queued": 2.0},
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.1}},
     # KL (k3) to the SFT policy, on the trainer's core, which waits for rollouts most of the step anyway
-    "trainer": {"dtype": "bf16", "layout": "padded", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},
+    "trainer": {"layout": "padded", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},
                 "micro_batch_tokens": 4096, "loss": {"kl_coef": 0.05}},
     "resources": {"rollout_cores": [0], "trainer_cores": [1]},
 }

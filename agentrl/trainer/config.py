@@ -125,7 +125,9 @@ class TrainerConfig(_Strict):
     mini_batches: int = Field(
         default=1, ge=1
     )  # optimiser updates per rl_step (the batch is split in this many)
-    dtype: Literal["fp32", "bf16"] = "fp32"  # bf16: bf16 compute, fp32 master weights and reductions
+    # bf16: bf16 compute, fp32 master weights and reductions; auto: bf16 only where this device multiplies bf16
+    # fast (agentrl.hardware: AMX/AVX512-BF16 CPUs measured, Ampere+ GPUs), fp32 elsewhere
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
     activation_checkpointing: bool = False
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(

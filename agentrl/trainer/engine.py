@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from agentrl.errors import TrainerError
+from agentrl.hardware import resolve_dtype
 from agentrl.trainer import storage
 from agentrl.trainer.base import SFTMetrics, StepMetrics, TokenTrace
 from agentrl.trainer.collate import (
@@ -74,18 +75,23 @@ class Trainer:
         torch.manual_seed(config.seed)
         self._dist: DistInfo = init_distributed(config.device)
         self._source = Path(config.model)
+        # every rank must run the same dtype: rank 0's choice holds (a measurement near the threshold could differ)
+        self.precision = broadcast_object(resolve_dtype(config.dtype, self._dist.device.type)
+                                          if self._dist.rank == 0 else None)
+        if config.dtype == "auto":
+            logger.info("trainer dtype auto -> %s (%s)", self.precision.dtype, self.precision.reason)
         try:
             self._policy: ScoredLM = build_policy(
                 self._source,
                 self._dist,
-                dtype=config.dtype,
+                dtype=self.precision.dtype,
                 trainable=True,
                 activation_checkpointing=config.activation_checkpointing,
             )
             self._ref: ScoredLM | None = None
             if config.loss.kl_coef > 0:
                 ref_path = Path(config.ref_model or config.model)
-                self._ref = build_policy(ref_path, self._dist, dtype=config.dtype, trainable=False)
+                self._ref = build_policy(ref_path, self._dist, dtype=self.precision.dtype, trainable=False)
         except BaseException:
             if self._dist.owns_group and dist.is_initialized():
                 dist.destroy_process_group()

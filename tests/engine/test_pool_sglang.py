@@ -64,7 +64,7 @@ def _servers_of(trajectory, clients: list[RecordingClient]) -> set[str]:
 @pytest.mark.slow
 async def test_killed_server_is_restarted_with_current_weights_and_the_rollout_goes_on(
         sglang_url, tiny_model_path, chat_tokenizer, tmp_path):
-    config = SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=8192)
+    config = SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=8192, dtype="float32")
     extra = SGLangServer(config, name="sglang-extra", log_path=tmp_path / "extra.log")
     await asyncio.to_thread(extra.start)
     clients: list[RecordingClient] = []

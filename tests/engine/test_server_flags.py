@@ -44,3 +44,14 @@ def test_pool_configs_give_each_server_its_own_port_and_gpus():
     assert all(c.base_gpu_id is None for c in pool_configs(SGLangServerConfig(model_path="/m"), 2))
     with pytest.raises(EngineError, match="at least one server"):
         pool_configs(SGLangServerConfig(model_path="/m"), 0)
+
+
+def test_cpu_server_dtype_auto_follows_the_cpu(monkeypatch: pytest.MonkeyPatch):
+    from agentrl import hardware
+
+    monkeypatch.setattr(hardware, "cpu_info", lambda *_: ("AMD EPYC", frozenset({"avx2", "fma"})))
+    assert flag(SGLangServer(SGLangServerConfig(model_path="/m")).command(), "--dtype") == "float32"
+    monkeypatch.setattr(hardware, "cpu_precision", lambda *_: hardware.Precision("bf16", "cpu", "fake AMX"))
+    assert flag(SGLangServer(SGLangServerConfig(model_path="/m")).command(), "--dtype") == "bfloat16"
+    gpu = SGLangServer(SGLangServerConfig(model_path="/m", device="cuda")).command()
+    assert flag(gpu, "--dtype") == "auto"

@@ -119,7 +119,7 @@ async def test_a_weight_version_gets_its_own_real_sglang_server(tiny_model_path:
                                     "model": {"run": "r1", "version": 3}, "sampling": {"max_new_tokens": 8},
                                     "max_turns": 1})
     model = resolve_model_spec(spec.model, runs_dir=tmp_path / "runs")
-    async with EnginePool(max_servers=1, server_config=SGLangServerConfig(max_total_tokens=4096),
+    async with EnginePool(max_servers=1, server_config=SGLangServerConfig(max_total_tokens=4096, dtype="float32"),
                           log_dir=tmp_path) as pool:
         async with pool.lease(model) as lease:
             result = await run_eval(spec, engine=lease.engine, tokenizer=lease.tokenizer, resources=resources)

@@ -24,7 +24,7 @@ def tiny_config(tiny_model_path: Path) -> Callable[..., TrainerConfig]:
     def make(*, lr: float = 1e-3, loss: dict[str, Any] | None = None, **kw: Any) -> TrainerConfig:
         opt = kw.pop("optimizer", {})
         return TrainerConfig.model_validate(
-            {"model": str(tiny_model_path), "optimizer": {"lr": lr, **opt}, "loss": loss or {}, **kw}
+            {"model": str(tiny_model_path), "dtype": "fp32", "optimizer": {"lr": lr, **opt}, "loss": loss or {}, **kw}
         )
 
     return make
