@@ -9,7 +9,8 @@ logprob, the sample's advantage and the token's loss weight (aggregation weight 
 Layouts: ``padded`` rows hold one sequence each (right-padded, with an attention mask); ``packed`` rows hold
 several sequences back to back, told apart by ``position_ids`` restarting at 0 (Hugging Face's packed format:
 attention never crosses a sequence boundary). Rows are at most as long as the longest sequence of the rank,
-so attention cost stays that of padding while padding tokens mostly disappear.
+so attention cost stays that of padding while padding tokens mostly disappear. ``shared_prefix`` rows hold a
+prompt once and every response that continues it (:mod:`agentrl.trainer.shared_prefix`).
 
 Distribution: every rank receives the same global batch and computes the same plan: samples go to ranks by
 longest-processing-time (balanced tokens), and every rank gets the same number of micro-batches (dummy
@@ -77,7 +78,7 @@ class MicroBatch:
 
     input_ids: Tensor  # [R, T]
     position_ids: Tensor  # [R, T]
-    attention_mask: Tensor | None  # [R, T] for padded rows with padding; None otherwise
+    attention_mask: Tensor | None  # [R, T] padded rows with padding; [R, 1, T, T] bool shared_prefix; else None
     score_index: Tensor  # [N] flat index into the R*T positions
     targets: Tensor
     behavior_logprobs: Tensor
@@ -341,6 +342,12 @@ def plan_micro_batches(
 ) -> list[MicroBatch]:
     """This rank's micro-batches for one optimiser update over ``samples`` (the global mini-batch)."""
     weights = token_weights(samples, mode, token_sum_norm)
+    if layout == "shared_prefix":
+        from agentrl.trainer import shared_prefix  # it builds on this module's types
+
+        shared, count = shared_prefix.plan(samples, weights, token_budget=token_budget, rank=rank,
+                                           world_size=world_size, pad_id=pad_id)
+        return shared + [dummy_micro_batch(pad_id) for _ in range(count - len(shared))]
     group = _group_packed if layout == "packed" else _group_padded
     plans = [group(part, token_budget) for part in assign_ranks(samples, world_size)]
     for mb in plans[rank]:

@@ -121,7 +121,8 @@ class TrainerConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()  # frozen: sharing the default instance is safe
     loss: LossConfig = LossConfig()
     micro_batch_tokens: int = Field(default=8192, gt=0)  # budget of one micro-batch, padding included
-    layout: Literal["packed", "padded"] = "packed"
+    # shared_prefix: a group's prompt runs once for all its responses (agentrl.trainer.shared_prefix)
+    layout: Literal["packed", "padded", "shared_prefix"] = "packed"
     mini_batches: int = Field(
         default=1, ge=1
     )  # optimiser updates per rl_step (the batch is split in this many)

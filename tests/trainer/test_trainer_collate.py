@@ -143,3 +143,41 @@ def test_world_larger_than_batch_gives_dummies() -> None:
 def test_sft_traces_skip_sequences_with_nothing_to_learn() -> None:
     prep = prepare_sft([Trace([1, 2, 3], [0, 0, 0]), Trace([4, 5, 6], [0, 1, 1]), Trace([7], [1])])
     assert [s.source for s in prep.samples] == [1] and prep.model_tokens == 2
+
+
+def test_shared_prefix_rows_hold_each_prompt_once() -> None:
+    from trainer_helpers import grouped_batch
+
+    batch = grouped_batch(3, groups=3, group_size=4)
+    prep = prepare_rl(batch, current_version=0, cfg=LossConfig())
+    mbs = plan_micro_batches(prep.samples, mode="token_mean", token_budget=10_000, layout="shared_prefix")
+    padded = plan_micro_batches(prep.samples, mode="token_mean", token_budget=10_000, layout="padded")
+    prompts = {t.group_id: t.prompt_len for t in batch}
+    fed = sum(s.length for s in prep.samples)
+    assert sum(mb.num_tokens for mb in mbs) == fed - 3 * sum(prompts.values())  # 4 copies -> 1 per group
+    assert sum(int(mb.targets.numel()) for mb in mbs) == sum(int(mb.targets.numel()) for mb in padded)
+    for mb in mbs:
+        rows, width = mb.input_ids.shape
+        assert mb.attention_mask is not None and mb.attention_mask.shape == (rows, 1, width, width)
+        assert mb.attention_mask.diagonal(dim1=-2, dim2=-1).all()  # no query row is empty (padding included)
+        # every scored entry reads the hidden state at its index and predicts its own target
+        assert int(mb.score_index.max()) < rows * width
+    # the first response token of every member of a group is predicted from the same (prefix) position
+    mb = mbs[0]
+    firsts: dict[int, set[int]] = {}
+    for s in prep.samples:
+        sel = (mb.seq_index == s.index).nonzero().flatten()
+        if sel.numel():
+            firsts.setdefault(int(s.input_ids[: int(s.score_pos[0]) + 1].sum()), set()).add(int(mb.score_index[sel[0]]))
+    assert firsts and all(len(v) == 1 for v in firsts.values())
+
+
+def test_shared_prefix_splits_units_between_ranks() -> None:
+    from trainer_helpers import grouped_batch
+
+    prep = prepare_rl(grouped_batch(5, groups=5), current_version=0, cfg=LossConfig())
+    per_rank = [plan_micro_batches(prep.samples, mode="token_mean", token_budget=60, layout="shared_prefix",
+                                   rank=r, world_size=2) for r in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1])  # dummies fill the gap: FSDP needs every rank in every step
+    seen = [int(i) for mbs in per_rank for mb in mbs for i in mb.seq_index.unique() if i >= 0]
+    assert sorted(seen) == list(range(len(prep.samples)))

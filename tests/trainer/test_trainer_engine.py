@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import make_traj, random_batch
+from trainer_helpers import grouped_batch, make_traj, random_batch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.trainer import Trace, Trainer, latest_checkpoint
@@ -30,9 +30,9 @@ def hf_tiny(tiny_model_path: Path):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("layout", ["packed", "padded", "shared_prefix"])
 def test_logprobs_match_plain_hf_forward(tiny_config, hf_tiny, layout: str) -> None:
-    batch = random_batch(7, n=9)
+    batch = random_batch(7, n=9) + grouped_batch(7)
     with Trainer(tiny_config(layout=layout, micro_batch_tokens=48)) as tr:
         got = tr.logprobs(batch)
     for traj, lp in zip(batch, got):
@@ -207,3 +207,21 @@ def test_checkpoint_round_trip_in_process(tiny_config, tmp_path: Path) -> None:
     assert extra == {"queue": {"last_id": "17-3"}, "n": 5}
     for x, y in zip(expected, got):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_shared_prefix_steps_equal_padded_steps(tiny_config, kl_coef: float) -> None:
+    """The prompt run once per group gives the same losses, gradients and updated weights as running it per
+    sequence (fp32 round-off), with the reference pass too."""
+    results = {}
+    for layout in ("padded", "shared_prefix"):
+        with Trainer(tiny_config(lr=1e-3, layout=layout, micro_batch_tokens=64, loss={"kl_coef": kl_coef})) as tr:
+            ms = [tr.rl_step(grouped_batch(s), current_version=0) for s in range(2)]
+            results[layout] = (ms, tr.logprobs(grouped_batch(9)))
+    (pad_m, pad_lp), (sh_m, sh_lp) = results["padded"], results["shared_prefix"]
+    for a, b in zip(pad_m, sh_m):
+        assert a.tokens == b.tokens and a.model_tokens == b.model_tokens
+        assert b.loss == pytest.approx(a.loss, abs=1e-5) and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
+        assert (b.kl is None) == (kl_coef == 0) and (b.kl or 0) == pytest.approx(a.kl or 0, abs=1e-6)
+    for a, b in zip(pad_lp, sh_lp):
+        torch.testing.assert_close(b, a, atol=5e-5, rtol=0)

@@ -68,6 +68,24 @@ def random_batch(
     return out
 
 
+def grouped_batch(seed: int, groups: int = 3, group_size: int = 4, vocab: int = 2000) -> list[Trajectory]:
+    """GRPO-shaped trajectories: each group's members share a prompt and continue it differently (multi-turn
+    looking: model tokens, a masked observation span, more model tokens; some responses a single token)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(3, 12))]
+        for i in range(group_size):
+            a, o, b = rng.randint(1, 10), rng.randint(0, 5), rng.randint(0, 6) if i % 3 else 0
+            resp = [rng.randrange(10, vocab) for _ in range(a + o + b)]
+            mask = [0] * len(prompt) + [1] * a + [0] * o + [1] * b
+            behav = [-rng.uniform(8.0, 13.0) if m else 0.0 for m in mask]
+            out.append(make_traj(prompt + resp, len(prompt), mask, reward=float(rng.random() < 0.5),
+                                 group=f"s{seed}g{g}", behav=behav, tid=f"s{seed}g{g}t{i}"))
+    rng.shuffle(out)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

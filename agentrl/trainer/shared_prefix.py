@@ -1,0 +1,151 @@
+"""The ``shared_prefix`` layout: a prompt is run once for all the responses that continue it.
+
+A GRPO group holds n responses to one prompt; the ``padded`` and ``packed`` layouts run that prompt n times (in
+the demo the prompt is ~60 % of a sequence's tokens). Here a row holds a prompt P once, then its continuations:
+
+    tokens:    P  P  P  P | S1 S1 S1 | S2 S2 | … | pad
+    positions: 0  1  2  3 | 4  4+1 … | 4  5  | … | 0
+
+A token of ``S_i`` attends to P and to the earlier tokens of ``S_i``, never to another ``S_j``; P attends causally
+within P. Each hidden state is then exactly that of ``P + S_i`` run alone (positions continue at ``len(P)``), so
+logprobs and gradients equal the other layouts' to round-off (tested). The shared prefix of a sequence is the part
+before its first scored token; its last position predicts each response's first token, so several scored entries
+may point at that one position (the LM head runs once per entry, gradients add up).
+
+The mask is 4D (``[rows, 1, T, T]`` bool, True = attend), passed to SDPA as is by Hugging Face. Attention then
+costs ``T²`` per row instead of ``Σ L_i²``; for rows of a few hundred tokens the linear layers, which see each
+prompt token once instead of n times, dominate. Rows pack whole units (a prefix and its continuations) first-fit
+decreasing up to the longest unit; ranks get whole units, balanced by tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentrl.trainer.collate import MicroBatch, SeqSample
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Samples sharing their first ``prefix_len`` tokens (everything before their first scored token)."""
+
+    prefix_len: int
+    samples: tuple[SeqSample, ...]
+
+    @property
+    def length(self) -> int:
+        return self.prefix_len + sum(s.length - self.prefix_len for s in self.samples)
+
+
+def make_units(samples: Sequence[SeqSample]) -> list[Unit]:
+    """Samples grouped by their unscored prefix (identical token ids), in order of first appearance."""
+    by_prefix: dict[bytes, list[SeqSample]] = {}
+    lengths: dict[bytes, int] = {}
+    for s in samples:
+        p = int(s.score_pos[0]) + 1  # the first scored token; score positions are ascending
+        key = s.input_ids[:p].numpy().tobytes()
+        by_prefix.setdefault(key, []).append(s)
+        lengths[key] = p
+    return [Unit(lengths[k], tuple(v)) for k, v in by_prefix.items()]
+
+
+def assign_units(units: Sequence[Unit], world_size: int) -> list[list[Unit]]:
+    """Longest-processing-time: each unit, longest first, to the rank with the fewest tokens so far."""
+    load = [0] * world_size
+    out: list[list[Unit]] = [[] for _ in range(world_size)]
+    for u in sorted(units, key=lambda u: (-u.length, u.samples[0].index)):
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        out[r].append(u)
+        load[r] += u.length
+    return out
+
+
+def group_units(units: Sequence[Unit], budget: int) -> list[list[list[Unit]]]:
+    """First-fit-decreasing into rows as long as the longest unit, then rows into micro-batches of at most
+    ``budget`` tokens (rows x width; one row at least)."""
+    if not units:
+        return []
+    ordered = sorted(units, key=lambda u: (-u.length, u.samples[0].index))
+    cap = ordered[0].length
+    rows: list[list[Unit]] = []
+    fill: list[int] = []
+    for u in ordered:
+        for i, f in enumerate(fill):
+            if f + u.length <= cap:
+                rows[i].append(u)
+                fill[i] += u.length
+                break
+        else:
+            rows.append([u])
+            fill.append(u.length)
+    per_mb = max(budget // cap, 1)
+    return [rows[i : i + per_mb] for i in range(0, len(rows), per_mb)]
+
+
+def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> MicroBatch:
+    """One micro-batch of shared-prefix rows, with its 4D attention mask."""
+    width = max(sum(u.length for u in row) for row in rows)
+    n_rows = len(rows)
+    ids = torch.full((n_rows, width), pad_id, dtype=torch.long)
+    pos = torch.zeros((n_rows, width), dtype=torch.long)
+    # seg: which unit of the row a position belongs to (padding: a distinct negative id per position, so a pad
+    # token attends to itself only and no attention row is empty); branch: 0 = the prefix, i = continuation i
+    seg = -1 - torch.arange(width).repeat(n_rows, 1)
+    branch = torch.zeros((n_rows, width), dtype=torch.long)
+    idx, tgt, beh, adv, wts, seq = [], [], [], [], [], []
+    real = 0
+    for r, row in enumerate(rows):
+        off = 0
+        for k, unit in enumerate(row):
+            p = unit.prefix_len
+            ids[r, off : off + p] = unit.samples[0].input_ids[:p]
+            pos[r, off : off + p] = torch.arange(p)
+            seg[r, off : off + p] = k
+            start = off + p
+            for i, s in enumerate(unit.samples, 1):
+                n = s.length - p
+                ids[r, start : start + n] = s.input_ids[p:]
+                pos[r, start : start + n] = torch.arange(p, p + n)
+                seg[r, start : start + n] = k
+                branch[r, start : start + n] = i
+                in_prefix = s.score_pos < p
+                flat = torch.where(in_prefix, off + s.score_pos, start + s.score_pos - p)
+                idx.append(r * width + flat)
+                tgt.append(s.targets)
+                beh.append(s.behavior_logprobs)
+                adv.append(torch.full((s.targets.numel(),), s.advantage, dtype=torch.float32))
+                wts.append(weights[s.index])
+                seq.append(torch.full((s.targets.numel(),), s.index, dtype=torch.long))
+                start += n
+            real += start - off
+            off = start
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    same_unit = seg[:, :, None] == seg[:, None, :]
+    visible = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
+    mask = (same_unit & visible & causal)[:, None]
+    return MicroBatch(
+        input_ids=ids,
+        position_ids=pos,
+        attention_mask=mask,
+        score_index=torch.cat(idx),
+        targets=torch.cat(tgt),
+        behavior_logprobs=torch.cat(beh),
+        advantages=torch.cat(adv),
+        weights=torch.cat(wts),
+        seq_index=torch.cat(seq),
+        num_tokens=real,
+    )
+
+
+def plan(
+    samples: Sequence[SeqSample], weights: dict[int, Tensor], *, token_budget: int, rank: int, world_size: int,
+    pad_id: int,
+) -> tuple[list[MicroBatch], int]:
+    """This rank's shared-prefix micro-batches and the largest micro-batch count over all ranks."""
+    per_rank = [group_units(part, token_budget) for part in assign_units(make_units(samples), world_size)]
+    mine = [build(mb, weights, pad_id) for mb in per_rank[rank]]
+    return mine, max((len(p) for p in per_rank), default=0)
