@@ -21,13 +21,34 @@ def _setup_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
-def _run(config_path: Path | None, overrides: list[str], base: dict | None, prefix: str) -> None:
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"agentrl {version('agentrl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """agentrl: asynchronous, agentic, multi-turn RL for LLMs with tool sandboxes."""
+
+
+Resume = Annotated[bool, typer.Option("--resume", help="continue the run in its directory from its last checkpoint")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="delete the run directory's earlier run and start over")]
+
+
+def _run(config_path: Path | None, overrides: list[str], base: dict | None, prefix: str, *, resume: bool,
+         overwrite: bool) -> None:
     from agentrl.launcher.config import load_config
     from agentrl.launcher.driver import run_training
 
     try:
         cfg = load_config(config_path, overrides, base=base).with_default_name(prefix)
-        summary = asyncio.run(run_training(cfg))
+        summary = asyncio.run(run_training(cfg, resume=resume, overwrite=overwrite))
     except AgentRLError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
@@ -42,24 +63,29 @@ def _run(config_path: Path | None, overrides: list[str], base: dict | None, pref
 def demo(
     smoke: Annotated[bool, typer.Option("--smoke", help="tiny random model, 2 RL steps, a few minutes")] = False,
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. steps=3")] = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """The main job on embedded defaults: ReTool-style cold-start SFT, then async RL with a code interpreter."""
     from agentrl.launcher import recipes
 
     _setup_logging(verbose)
-    _run(None, overrides or [], recipes.SMOKE if smoke else recipes.DEMO, "smoke" if smoke else "demo")
+    _run(None, overrides or [], recipes.SMOKE if smoke else recipes.DEMO, "smoke" if smoke else "demo",
+         resume=resume, overwrite=overwrite)
 
 
 @app.command()
 def train(
     config: Annotated[Path, typer.Argument(help="run config YAML (see examples/)")],
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides")] = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
-    """A training run from a config file."""
+    """A training run from a config file (a run directory that holds a run needs --resume or --overwrite)."""
     _setup_logging(verbose)
-    _run(config, overrides or [], None, "train")
+    _run(config, overrides or [], None, "train", resume=resume, overwrite=overwrite)
 
 
 def _mount_sandbox() -> None:

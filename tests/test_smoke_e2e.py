@@ -177,3 +177,23 @@ def test_ctrl_c_stops_every_process(tmp_path: Path):
     urls = [w for line in log.splitlines() if "starting sglang on" in line for w in line.split() if w.startswith("http")]
     assert urls, "the SGLang server was started and its URL logged"
     assert not _alive(urls[0])
+
+
+def test_a_used_run_directory_is_refused_then_resumed(smoke_run: Path):
+    """Runs last in this module (it extends the shared run): the same command again is refused before anything
+    starts; --resume continues after the last checkpoint with the next step and version, books balanced."""
+    runs, name = smoke_run.parent, smoke_run.name
+    again = [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", f"name={name}", "engine.record_requests=true",
+             "rollout.skip_solved_window=1", "monitor.live=false"]
+    logs_before = sorted(p.name for p in (smoke_run / "logs").iterdir())
+    refused = subprocess.run(again, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "already holds a run" in refused.stderr and "--resume" in refused.stderr
+    assert sorted(p.name for p in (smoke_run / "logs").iterdir()) == logs_before  # nothing was started
+    resumed = subprocess.run([*again, "steps=3", "--resume"], capture_output=True, text=True, timeout=1500)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 2 and summary["final_weight_version"] == 3
+    assert summary["served_weight_version"] == 3 and summary["books_balanced"], summary
+    assert summary["trajectories_consumed"] == 8 == summary["trajectories_produced"]  # this segment: one step
+    assert [m["step"] for m in _jsonl(smoke_run / "metrics.jsonl")] == [1, 2, 3]
+    assert (smoke_run / "weights" / "v3" / "config.json").exists()

@@ -40,6 +40,8 @@ def serve(
     namespace: Annotated[str, typer.Option(help="Redis key prefix (separate services sharing one Redis)")]
     = "{agentrl-evals}",
     log_level: Annotated[str, typer.Option(help="uvicorn and agentrl log level")] = "info",
+    imports: Annotated[list[str] | None, typer.Option("--import", help="a module or .py file to import first (it "
+                                                      "registers environments and tools; repeatable)")] = None,
 ) -> None:
     """Serve the evaluation REST API (POST /v1/evals, GET /v1/evals/ID and its results, DELETE, environments)."""
     import uvicorn
@@ -56,10 +58,18 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV}", fg=typer.colors.YELLOW, err=True)
     try:
+        _import(imports)
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
     except AgentRLError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
+
+
+def _import(imports: list[str] | None) -> None:
+    """``--import``: like a run config's ``imports:``, so a one-file environment can be served or evaluated."""
+    from agentrl.launcher.resources import load_imports
+
+    load_imports([str(Path(i).resolve()) if i.endswith(".py") else i for i in imports or []])
 
 
 def load_spec(path: Path, overrides: list[str]) -> Any:
@@ -98,11 +108,14 @@ def eval_command(
     sandbox: Annotated[str, typer.Option(help="local run: sandbox backend")] = "local",
     runs_dir: Annotated[Path, typer.Option(help="local run: where training runs live")] = Path("runs"),
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    imports: Annotated[list[str] | None, typer.Option("--import", help="a module or .py file to import first (it "
+                                                      "registers environments and tools; repeatable)")] = None,
 ) -> None:
     """Run an evaluation here (starting what it needs), or submit it to a server with --server."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        _import(imports)
         spec = load_spec(config, overrides or [])
         if server:
             state = _remote(spec, server, token, out, wait)

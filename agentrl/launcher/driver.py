@@ -24,13 +24,13 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from agentrl.env import default_registry
 from agentrl.errors import TrainerError
 from agentrl.hardware import engine_dtype, resolve_dtype
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.monitor import RunMonitor
-from agentrl.launcher.resources import load_imports, pin_to_cores, sft_traces_file
-from agentrl.models import resolve_model
+from agentrl.launcher.preflight import check_run
+from agentrl.launcher.resources import pin_to_cores, sft_traces_file
+from agentrl.launcher.rundir import ResumePoint, claim_run_dir
 from agentrl.queue import connect_redis
 from agentrl.tokenizer import ChatTokenizer
 
@@ -208,27 +208,37 @@ def _sees_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-async def run_training(cfg: RunConfig) -> dict[str, Any]:
-    """Run a whole training job as configured; returns (and writes) ``summary.json``."""
+async def run_training(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Run a whole training job as configured; returns (and writes) ``summary.json``.
+
+    Everything checkable is checked before anything starts (:mod:`agentrl.launcher.preflight`); a run directory
+    that holds a run needs ``resume`` or ``overwrite`` (:mod:`agentrl.launcher.rundir`)."""
+    cfg = resolve_precision(cfg.with_default_name().with_absolute_paths())
+    base_model = check_run(cfg)
+    run_dir = cfg.run_dir().resolve()
+    lock, point = claim_run_dir(run_dir, resume=resume, overwrite=overwrite)
+    try:
+        return await _run(cfg, run_dir, base_model, point)
+    finally:
+        lock.close()
+
+
+async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoint | None) -> dict[str, Any]:
     from agentrl.launcher.report import summarize, write_report
 
-    cfg = resolve_precision(cfg.with_default_name().with_absolute_paths())
-    load_imports(cfg.imports)
-    run_dir = cfg.run_dir().resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
-    default_registry.get_env(cfg.env.name)  # fail fast, naming the known environments
     t_start = time.monotonic()
-    base_model = resolve_model(cfg.model)
     if cfg.sft.enabled and cfg.sft.steps > 0:
         sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
     ray = _ray_init(cfg)
     rollout_cls, trainer_cls = _actor_classes()
-    evals: dict[str, Any] = {}
+    evals = _saved_evals(run_dir) if point is not None else {}
     async with AsyncExitStack() as stack:
         stack.callback(_kill_recorded, run_dir)
         redis = await connect_redis(cfg.redis.url, run_dir / "redis")
         stack.push_async_callback(redis.aclose)
+        carried = await _rewind(cfg, redis.client, point) if point is not None else 0
         trainers = TrainerGroup(cfg, run_dir, redis.url, trainer_cls)
         stack.callback(trainers.kill)
         trainers.start()
@@ -243,24 +253,34 @@ async def run_training(cfg: RunConfig) -> dict[str, Any]:
         follow = asyncio.ensure_future(monitor.follow(rollout))
         stack.callback(follow.cancel)
         heldout = cfg.data.num_heldout > 0
-        if heldout and cfg.sft.enabled:
+        if heldout and cfg.sft.enabled and "before" not in evals:
             evals["before"] = await _first(rollout.evaluate_heldout.remote("before"), trainers)
-        await _first(rollout.load_version.remote(0), trainers)
-        if heldout:
+            _save_evals(run_dir, evals)
+        if (heldout and "sft" not in evals) or point is None or point.version == 0:
+            await _first(rollout.load_version.remote(0), trainers)
+        if heldout and "sft" not in evals:
             evals["sft"] = await _first(rollout.evaluate_heldout.remote("sft"), trainers)
+            _save_evals(run_dir, evals)
+        start_version = point.version if point is not None else 0
+        if start_version > 0:  # the resumed trainer re-publishes it (re-exported if it was pruned)
+            await _first(rollout.load_version.remote(start_version), trainers)
+        # groups the trainer still needs, less the complete groups waiting in the queue (carried from before)
+        total_groups = max(0, (cfg.steps - start_version) * cfg.rollout.groups_per_step
+                           - carried // cfg.rollout.n_samples)
         t_rl = time.monotonic()
-        rollout_stats = await _first(
-            rollout.run.remote(cfg.steps * cfg.rollout.groups_per_step, cfg.steps), trainers)
+        rollout_stats = await _first(rollout.run.remote(total_groups, cfg.steps), trainers)
         await trainers.wait()
         rl_wall_s = time.monotonic() - t_rl
         if heldout:
             evals["after"] = await rollout.evaluate_heldout.remote("after")
+            _save_evals(run_dir, evals)
         served = await rollout.weight_version.remote()
         left = await rollout.queue_length.remote()
         monitor.update(await rollout.progress.remote())
         summary = summarize(cfg, run_dir, rollout_stats=rollout_stats, evals=evals, served_version=served,
                             engine_url=engine_url, queue_left=left, trainer_restarts=trainers.restarts,
-                            wall_time_s=time.monotonic() - t_start)
+                            wall_time_s=time.monotonic() - t_start,
+                            resumed_from_step=point.step if point is not None else None, carried_in=carried)
         summary["metrics_url"] = monitor.metrics_url
         summary["rl_wall_s"] = round(rl_wall_s, 2)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -268,6 +288,33 @@ async def run_training(cfg: RunConfig) -> dict[str, Any]:
     logger.info("run %s done: final version %s, reward %s → %s", cfg.name, summary["final_weight_version"],
                 summary["reward_first"], summary["reward_last"])
     return summary
+
+
+async def _rewind(cfg: RunConfig, client: Any, point: ResumePoint) -> int:
+    """Before a resumed run starts anything: finish the checkpoint's acknowledgements (idempotent), forget the
+    versions published after the checkpoint (their steps are trained again; the one of the checkpoint too, so
+    that loaders wait until the trainer has re-exported and re-published it) and count what the queue holds."""
+    from agentrl.queue import TrajectoryQueue, WeightRegistry
+    from agentrl.trainer.worker import queue_capacity, registry_namespace, stream_name
+
+    async with TrajectoryQueue(client, stream_name(cfg.name), consumer="driver",
+                               capacity=queue_capacity(cfg)) as queue:
+        await queue.ack(list(point.entry_ids))
+        carried = (await queue.stats()).length
+    async with WeightRegistry(client, registry_namespace(cfg.name)) as registry:
+        await registry.rewind(point.version - 1 if point.version > 0 else 0)
+    logger.info("resuming %s after step %d (version %d); %d trajectories wait in the queue", cfg.name, point.step,
+                point.version, carried)
+    return carried
+
+
+def _saved_evals(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "evals.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _save_evals(run_dir: Path, evals: dict[str, Any]) -> None:
+    (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
 
 
 async def _aclose_actor(actor: Any) -> None:

@@ -21,13 +21,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], evals: dict[str, Any],
               served_version: int, engine_url: str, queue_left: int, trainer_restarts: int,
-              wall_time_s: float) -> dict[str, Any]:
-    """The run's books. Balance: produced = consumed + dropped (stale, invalid) + left in the queue."""
+              wall_time_s: float, resumed_from_step: int | None = None, carried_in: int = 0) -> dict[str, Any]:
+    """The run's books. Balance: produced + carried in = consumed + dropped (stale, invalid) + left in the queue,
+    where a resumed run counts from its checkpoint: ``carried_in`` trajectories waited in the queue (produced
+    before the resume) and only the steps after ``resumed_from_step`` consumed from it."""
     records = read_metrics(run_dir)
     rewards = [r.get("reward_mean") for r in records]
-    consumed = sum(int(r.get("num_trajectories", 0)) for r in records)
-    stale = sum(int(r.get("dropped_stale", 0)) for r in records)
-    invalid = sum(int(r.get("dropped_invalid", 0)) for r in records)
+    since = [r for r in records if int(r.get("step", 0)) > (resumed_from_step or 0)]
+    consumed = sum(int(r.get("num_trajectories", 0)) for r in since)
+    stale = sum(int(r.get("dropped_stale", 0)) for r in since)
+    invalid = sum(int(r.get("dropped_invalid", 0)) for r in since)
     produced = int(rollout_stats.get("trajectories_produced", 0))
     summary: dict[str, Any] = {
         "run": cfg.name,
@@ -42,7 +45,9 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         "trajectories_dropped_stale": stale,
         "trajectories_dropped_invalid": invalid,
         "trajectories_left_in_queue": queue_left,
-        "books_balanced": produced == consumed + stale + invalid + queue_left,
+        "books_balanced": produced + carried_in == consumed + stale + invalid + queue_left,
+        "resumed_from_step": resumed_from_step,
+        "trajectories_carried_in": carried_in,
         "groups_failed": rollout_stats.get("groups_failed", 0),
         "groups_filtered": rollout_stats.get("groups_filtered", 0),
         "groups_uniform_queued": rollout_stats.get("groups_uniform_queued", 0),  # dropping budget spent

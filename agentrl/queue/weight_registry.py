@@ -91,6 +91,18 @@ end
 return redis.call('HGETALL', KEYS[4])
 """
 
+# KEYS: versions, latest.  ARGV: version.  Unregisters every version above it; latest becomes it (or unset when it
+# is not registered).  -> how many were unregistered
+_REWIND = """
+local n = 0
+for _, v in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if tonumber(v) > tonumber(ARGV[1]) then redis.call('HDEL', KEYS[1], v); n = n + 1 end
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SET', KEYS[2], ARGV[1])
+else redis.call('DEL', KEYS[2]) end
+return n
+"""
+
 DeleteFn = Callable[[WeightVersion], Awaitable[None] | None]
 
 
@@ -110,6 +122,7 @@ class WeightRegistry:
         self._get_latest = redis_client.register_script(_LATEST)
         self._acquire = redis_client.register_script(_ACQUIRE)
         self._gc = redis_client.register_script(_GC)
+        self._rewind = redis_client.register_script(_REWIND)
 
     async def publish(self, version: int, path: str, *, step: int,
                       metrics: Mapping[str, float] | None = None) -> WeightVersion:
@@ -126,6 +139,15 @@ class WeightRegistry:
                                      "publish the new weights under a new version number")
         log.info("published weight version %d (step %d) at %s", wv.version, wv.step, wv.path)
         return wv
+
+    async def rewind(self, version: int) -> int:
+        """Forget every version above ``version`` (a run resumed from the checkpoint of ``version`` trains them
+        again and re-publishes them); ``latest`` becomes ``version``. Returns how many were forgotten."""
+        keys = [self._versions, self._latest]
+        n = int(await self._call(lambda: self._rewind(keys=keys, args=[int(version)]), "rewind"))
+        if n:
+            log.info("forgot %d weight versions above %d (a resumed run trains them again)", n, version)
+        return n
 
     async def latest(self) -> WeightVersion | None:
         """The highest published version, or None before the first publish."""

@@ -38,6 +38,24 @@ async def test_republish_same_path_ok_other_path_refused(client: redis.asyncio.R
         await reg.publish(1, "/w/v", step=3)  # a prefix of the old path is still another path
 
 
+async def test_rewind_forgets_later_versions_so_waiters_wait_for_the_republish(client: redis.asyncio.Redis,
+                                                                                name: str) -> None:
+    reg = WeightRegistry(client, name)
+    for v in range(4):
+        await reg.publish(v, f"/w/v{v}", step=v)
+    assert await reg.rewind(1) == 2
+    latest = await reg.latest()
+    assert latest is not None and latest.version == 1
+    with pytest.raises(WeightVersionError, match="not registered"):
+        await reg.get(2)
+    waiter = asyncio.ensure_future(reg.wait_for(2, timeout_s=10))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()  # v2 of the crashed run is forgotten: wait for the resumed trainer's
+    await reg.publish(2, "/w/v2", step=2)
+    assert (await waiter).version == 2
+    assert await reg.rewind(-1) == 3 and await reg.latest() is None
+
+
 async def test_wait_for_returns_at_once_or_on_publish(client: redis.asyncio.Redis, name: str) -> None:
     reg = WeightRegistry(client, name)
     await reg.publish(1, "/w/v1", step=1)

@@ -1,0 +1,77 @@
+"""Checks that run before anything starts (Ray, Redis, SGLang, SFT): a run that cannot work fails in seconds,
+saying what was expected, instead of after minutes of start-up.
+
+Checked: the user's imports load; the environment is registered and its options bind to its constructor (with
+"did you mean" for misspelt option names); the model resolves to a local folder; every dataset the run reads
+exists and holds the keys it needs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from pathlib import Path
+from typing import Any
+
+from agentrl.env import default_registry
+from agentrl.errors import ConfigError
+from agentrl.launcher.config import RunConfig
+from agentrl.launcher.resources import load_imports
+from agentrl.models import resolve_model
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_env_options(name: str, options: dict[str, Any]) -> None:
+    """The env is registered and ``factory(resources, **options)`` binds: unknown or missing options are named."""
+    spec = default_registry.get_env(name)
+    try:
+        sig = inspect.signature(spec.factory)
+    except (TypeError, ValueError):  # a builtin or C factory: nothing to check before calling it
+        return
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        hints = "; ".join(f"{k!r}{did_you_mean(k, accepted)}" for k in unknown)
+        raise ConfigError(f"env.options for environment {name!r}: unknown option {hints}; it accepts: "
+                          f"{', '.join(accepted) or 'no options'}")
+    try:
+        sig.bind(None, **options)
+    except TypeError as exc:
+        raise ConfigError(f"env.options for environment {name!r} do not fit its constructor: {exc}") from None
+
+
+def check_run(cfg: RunConfig) -> Path:
+    """Everything checkable before a server starts; returns the resolved model folder."""
+    load_imports(cfg.imports)
+    check_env_options(cfg.env.name, dict(cfg.env.options))
+    model = resolve_model(cfg.model)
+    check_datasets(cfg)
+    return model
+
+
+def check_datasets(cfg: RunConfig) -> None:
+    """Training and held-out sources are problem families or readable files with the configured keys."""
+    from agentrl.data import arithmetic
+
+    sources = [("data.train", cfg.data.train)]
+    if cfg.data.num_heldout > 0:
+        sources.append(("data.heldout", cfg.data.heldout))
+    for key, source in sources:
+        if source in arithmetic.FAMILIES:
+            continue
+        path = Path(source)
+        if not path.exists():
+            raise ConfigError(f"{key}: {source!r} is neither a problem family ({', '.join(sorted(arithmetic.FAMILIES))})"
+                              f"{did_you_mean(source, sorted(arithmetic.FAMILIES))} nor an existing file")
+    if cfg.sft.enabled and cfg.sft.family not in arithmetic.FAMILIES:
+        raise ConfigError(f"sft.family: unknown problem family {cfg.sft.family!r}"
+                          f"{did_you_mean(cfg.sft.family, sorted(arithmetic.FAMILIES))}; known: "
+                          f"{', '.join(sorted(arithmetic.FAMILIES))}")
