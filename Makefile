@@ -9,8 +9,12 @@ PYTEST_ARGS ?=
 
 install: system $(STAMP)
 
+# Debian packages by profile (scripts/install_system.sh): `make test` needs the Docker ones and Redis 7, the rest
+# only bubblewrap and the sandbox's python3; $AGENTRL_SYSTEM (demo|docker|test|none) overrides the choice.
+SYSTEM_PROFILE = demo
+test: SYSTEM_PROFILE = test
 system:
-	@bash scripts/install_system.sh
+	@bash scripts/install_system.sh $(or $(AGENTRL_SYSTEM),$(SYSTEM_PROFILE))
 
 $(STAMP): pyproject.toml requirements/sglang-cpu.txt scripts/install_venv.sh
 	bash scripts/install_venv.sh $(VENV)

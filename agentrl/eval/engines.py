@@ -26,7 +26,7 @@ from agentrl.engine.server import SGLangServer, SGLangServerConfig, wait_healthy
 from agentrl.errors import ConfigError, EngineError
 from agentrl.eval.base import SpecError
 from agentrl.eval.spec import ModelSpec
-from agentrl.models import NAMED_MODELS, resolve_model
+from agentrl.models import NAMED_MODELS, is_model_ref, resolve_model
 from agentrl.tokenizer import ChatTokenizer
 
 logger = logging.getLogger(__name__)
@@ -56,14 +56,25 @@ def check_model(spec: ModelSpec, *, runs_dir: Path) -> None:
         if not (d / "config.json").is_file():
             raise SpecError(("model", "version"), f"run {spec.run!r} has no weight version {spec.version} "
                             f"({d} holds no config.json); published versions are in {d.parent}")
+    if spec.name is not None and spec.name not in NAMED_MODELS:
+        try:
+            resolve_model(spec.name)  # a Hugging Face id: a look in the local cache, nothing is built or fetched
+        except ConfigError as exc:
+            raise SpecError(("model", "name"), str(exc)) from exc
     if spec.tokenizer is not None and spec.tokenizer not in NAMED_MODELS \
             and not Path(spec.tokenizer).expanduser().is_dir():
-        raise SpecError(("model", "tokenizer"), f"tokenizer {spec.tokenizer!r} is neither a bundled model "
-                        f"({', '.join(NAMED_MODELS)}) nor a folder on the server")
+        if not is_model_ref(spec.tokenizer):
+            raise SpecError(("model", "tokenizer"), f"tokenizer {spec.tokenizer!r} is neither a bundled model "
+                            f"({', '.join(NAMED_MODELS)}), a Hugging Face id nor a folder on the server")
+        try:
+            resolve_model(spec.tokenizer, weights=False)
+        except ConfigError as exc:
+            raise SpecError(("model", "tokenizer"), str(exc)) from exc
 
 
 def resolve_model_spec(spec: ModelSpec, *, runs_dir: Path) -> ResolvedModel:
-    """The model of a spec; bundled models are built on first use (see :func:`agentrl.models.resolve_model`)."""
+    """The model of a spec; bundled models are built on first use, Hugging Face ids are found in the local cache
+    (see :func:`agentrl.models.resolve_model`)."""
     check_model(spec, runs_dir=runs_dir)
     if spec.url is not None:
         return ResolvedModel(label=spec.url, url=spec.url.rstrip("/"), tokenizer=spec.tokenizer)
@@ -245,7 +256,9 @@ class EnginePool:
         if source is None:
             source = await _served_model_path(client.url)
         async with self._tokenizer_lock:
-            folder = str(await asyncio.to_thread(resolve_model, source)) if source in NAMED_MODELS else source
+            if is_model_ref(source) and not Path(source).expanduser().is_dir():
+                source = str(await asyncio.to_thread(resolve_model, source, weights=False))
+            folder = source
             if folder not in self._tokenizers:
                 self._tokenizers[folder] = await asyncio.to_thread(ChatTokenizer.from_pretrained, folder)
             return self._tokenizers[folder]

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from agentrl.models import NAMED_MODELS
+from agentrl.models import NAMED_MODELS, is_model_ref
 
 MAX_ITEMS = 10_000
 MAX_SAMPLES = 100_000  # items x samples_per_item
@@ -69,11 +69,14 @@ class DatasetSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    """Exactly one of: a bundled ``name``, a model folder ``path``, a training run's weight version
+    """Exactly one of: a ``name`` (a bundled model or a Hugging Face id ``Org/Name[@REVISION]`` from the server's
+    local HF cache, never downloaded), a model folder ``path``, a training run's weight version
     (``run`` + ``version`` = ``runs/<run>/weights/v<version>``), or the ``url`` of a running SGLang server.
     For all but ``url`` the service starts (and reuses) an SGLang server."""
 
-    name: str | None = Field(default=None, description=f"bundled model: one of {', '.join(NAMED_MODELS)}")
+    name: str | None = Field(default=None, max_length=256,
+                             description=f"bundled model ({', '.join(NAMED_MODELS)}) or a Hugging Face id "
+                                         "Org/Name[@REVISION] in the server's local HF cache")
     path: str | None = Field(default=None, min_length=1, max_length=4096, description="a local HF model folder")
     run: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$",
                             description="training run name (its weights are in runs/<run>/weights/)")
@@ -81,7 +84,8 @@ class ModelSpec(_Strict):
     url: str | None = Field(default=None, min_length=8, max_length=2048, pattern=r"^https?://\S+$",
                             description="a running SGLang server, e.g. http://127.0.0.1:30000")
     tokenizer: str | None = Field(default=None, min_length=1, max_length=4096,
-                                  description="bundled name or folder of the tokenizer (default: the model's)")
+                                  description="bundled name, Hugging Face id or folder of the tokenizer "
+                                              "(default: the model's)")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -90,9 +94,9 @@ class ModelSpec(_Strict):
             raise ValueError(f"give exactly one of 'name', 'path', 'run' (+ 'version') or 'url' (got {given or 'none'})")
         if (self.run is None) != (self.version is None):
             raise ValueError("'run' and 'version' go together: the weights in runs/<run>/weights/v<version>")
-        if self.name is not None and self.name not in NAMED_MODELS:
-            raise ValueError(f"unknown bundled model {self.name!r}: expected one of {', '.join(NAMED_MODELS)} "
-                             "(use 'path' for a model folder)")
+        if self.name is not None and not is_model_ref(self.name):
+            raise ValueError(f"unknown model name {self.name!r}: expected a bundled model ({', '.join(NAMED_MODELS)}) "
+                             "or a Hugging Face id Org/Name[@REVISION] (use 'path' for a model folder)")
         if self.run is not None and self.run in (".", ".."):
             raise ValueError("'run' must be a run name, not '.' or '..'")
         return self

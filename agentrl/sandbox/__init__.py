@@ -19,10 +19,10 @@ BACKENDS = ("local", "docker", "remote", "auto")
 
 def docker_available(timeout_s: float = 3.0) -> str | None:
     """None if a Docker engine answers here, else why not (a message for humans)."""
-    try:
-        import docker
+    from agentrl.sandbox.docker import import_docker_sdk
 
-        client = docker.from_env(timeout=timeout_s)  # type: ignore[attr-defined]  # (repo's docker/ dir)
+    try:
+        client = import_docker_sdk().from_env(timeout=timeout_s)
         try:
             client.ping()
         finally:

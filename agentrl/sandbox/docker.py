@@ -16,6 +16,7 @@ set of them (the default ``limits``' pool is made at start, others on first use)
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import socket
@@ -43,6 +44,19 @@ from agentrl.sandbox._wire import (
     start_repl,
 )
 from agentrl.sandbox.base import Limits, RunRequest, RunResult
+
+
+def import_docker_sdk() -> Any:
+    """The ``docker`` SDK module (an optional dependency: the ``[docker]`` extra), or :class:`SandboxError`."""
+    try:
+        docker: Any = importlib.import_module("docker")
+    except ImportError:
+        docker = None
+    if not hasattr(docker, "from_env"):  # not installed (a checkout's docker/ folder imports as an empty package)
+        raise SandboxError("the Docker backend needs the Docker SDK for Python: pip install 'agentrl[docker]' "
+                           "(or pip install docker)")
+    return docker
+
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +168,7 @@ class DockerSandbox:
         return self
 
     def _connect(self) -> None:
-        import docker
-
+        docker = import_docker_sdk()
         try:
             if self._client is None and self._base_url is not None:
                 self._client = docker.DockerClient(  # type: ignore[attr-defined]

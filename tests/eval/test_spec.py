@@ -26,7 +26,7 @@ def test_the_issue_example_is_valid_and_normalised() -> None:
     ({"dataset": {}}, ("dataset",), "exactly one of"),
     ({"dataset": {"items": [{"prompt": "x"}], "name": "arithmetic:heldout"}}, ("dataset",), "exactly one of"),
     ({"dataset": {"items": [{"answer": "1"}]}}, ("dataset", "items", 0, "prompt"), "required"),
-    ({"model": {"name": "gpt-5"}}, ("model",), "unknown bundled model"),
+    ({"model": {"name": "gpt-5"}}, ("model",), "unknown model name"),
     ({"model": {"run": "r1"}}, ("model",), "go together"),
     ({"model": {"url": "ftp://example.com"}}, ("model", "url"), "pattern"),
     ({"model": {"run": "../etc", "version": 1}}, ("model", "run"), "pattern"),
