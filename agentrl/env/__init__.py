@@ -1,7 +1,7 @@
 """Environments and tools: the Python API researchers extend."""
 
 from agentrl.env.base import Environment, Observation, StepResult
-from agentrl.env.hermes import ParsedCall, ToolCallingEnv, parse_tool_calls
+from agentrl.env.hermes import ToolCallingEnv
 from agentrl.env.registry import (
     EnvResources,
     EnvSpec,
@@ -12,7 +12,8 @@ from agentrl.env.registry import (
     register_env,
     register_tool,
 )
-from agentrl.env.tools import Tool, tool
+from agentrl.env.tool_parsers import ParsedCall, ToolParser, make_tool_parser, parse_tool_calls
+from agentrl.env.tools import Tool, ToolArgumentsError, tool
 
 __all__ = [
     "EnvResources",
@@ -23,10 +24,13 @@ __all__ = [
     "Registry",
     "StepResult",
     "Tool",
+    "ToolArgumentsError",
     "ToolCallingEnv",
+    "ToolParser",
     "default_registry",
     "list_envs",
     "list_tools",
+    "make_tool_parser",
     "parse_tool_calls",
     "register_env",
     "register_tool",

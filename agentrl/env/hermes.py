@@ -1,5 +1,6 @@
-"""Hermes / Qwen tool calling: ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` in the model's turn,
-results in the chat template's ``tool`` role.
+"""Tool calling: calls in the model's turn (by default Hermes / Qwen's
+``<tool_call>{"name": …, "arguments": {…}}</tool_call>``; other model families through SGLang's parsers, chosen
+by the ``tool_parser`` option, see :mod:`agentrl.env.tool_parsers`), results in the chat template's ``tool`` role.
 
 The model's turn ends with EOS as usual (one turn may hold several calls, run concurrently); the runner then
 appends the tool messages as the chat template's delta (``ChatTokenizer.encode_messages_delta``: e.g.
@@ -21,75 +22,15 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agentrl.env.base import Environment, Observation, StepResult
 from agentrl.env.registry import EnvResources
+from agentrl.env.tool_parsers import BUILTIN, ParsedCall, make_tool_parser
+from agentrl.env.tool_parsers import parse_tool_calls as parse_tool_calls  # re-exported: its home until now
 from agentrl.env.tools import Tool
 from agentrl.errors import ConfigError, InfrastructureError
 from agentrl.types import Task, ToolCall, ToolResult
-
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedCall:
-    """One ``<tool_call>`` block. ``error`` is set (and name/arguments may be empty) when it is malformed."""
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-    raw: str = ""
-    error: str | None = None
-
-
-def parse_tool_calls(text: str) -> list[ParsedCall]:
-    """Every ``<tool_call>…</tool_call>`` block of one model turn, in order; ``[]`` if the turn has none.
-
-    The body must be a JSON object with a string ``name`` and an object ``arguments`` (a JSON string holding an
-    object is accepted too, as some models write it). An unclosed block, a stray ``</tool_call>`` or a nested
-    ``<tool_call>`` is malformed (and ends the parse).
-    """
-    calls: list[ParsedCall] = []
-    pos = 0
-    while True:
-        start, close = text.find(TOOL_CALL_OPEN, pos), text.find(TOOL_CALL_CLOSE, pos)
-        if start < 0:
-            if close >= 0:
-                calls.append(ParsedCall("", raw=text[pos: close + len(TOOL_CALL_CLOSE)],
-                                        error="found </tool_call> without an opening <tool_call>"))
-            return calls
-        body_start = start + len(TOOL_CALL_OPEN)
-        end = text.find(TOOL_CALL_CLOSE, body_start)
-        if end < 0:
-            calls.append(ParsedCall("", raw=text[start:], error="the <tool_call> block is not closed with </tool_call>"))
-            return calls
-        raw = text[start: end + len(TOOL_CALL_CLOSE)]
-        body = text[body_start:end]
-        if TOOL_CALL_OPEN in body:
-            calls.append(ParsedCall("", raw=raw, error="nested <tool_call> tags: close each call before the next"))
-            return calls
-        calls.append(_parse_body(body, raw))
-        pos = end + len(TOOL_CALL_CLOSE)
-
-
-def _parse_body(body: str, raw: str) -> ParsedCall:
-    expected = 'expected {"name": "<tool name>", "arguments": {...}}'
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        return ParsedCall("", raw=raw, error=f"the tool call is not valid JSON ({exc}); {expected}")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return ParsedCall("", raw=raw, error=f"the tool call has no \"name\"; {expected}")
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            pass
-    if not isinstance(args, dict):
-        return ParsedCall(obj["name"], raw=raw, error=f"\"arguments\" must be a JSON object; {expected}")
-    return ParsedCall(obj["name"], args, raw)
 
 
 def render_tool_output(value: Any, max_chars: int) -> str:
@@ -109,7 +50,7 @@ class ToolCallingEnv(Environment):
     system_prompt: ClassVar[str | None] = None
 
     def __init__(self, resources: EnvResources, *, tools: Sequence[Tool | str] = (), max_tool_calls: int = 8,
-                 tool_timeout_s: float = 30.0, max_output_chars: int = 2048) -> None:
+                 tool_timeout_s: float = 30.0, max_output_chars: int = 2048, tool_parser: str = BUILTIN) -> None:
         self.resources = resources
         self.max_tool_calls = max_tool_calls
         self.tool_timeout_s = tool_timeout_s
@@ -117,6 +58,7 @@ class ToolCallingEnv(Environment):
         self._tools = {t.name: t for t in (*self.tools, *(_resolve_tool(t) for t in tools))}
         if not self._tools:
             raise ConfigError(f"{type(self).__name__} has no tools: set the class attribute `tools` or pass tools=")
+        self.parser = make_tool_parser(tool_parser, list(self._tools.values()))
         self.task: Task | None = None
         self.calls = 0
 
@@ -132,7 +74,7 @@ class ToolCallingEnv(Environment):
         return self.prompt(task)
 
     async def step(self, text: str) -> StepResult:
-        parsed = parse_tool_calls(text)
+        parsed = self.parser.parse(text)
         if not parsed:
             return StepResult(None, True)
         outcomes = await asyncio.gather(*(self._dispatch(p) for p in parsed))

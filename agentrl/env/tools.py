@@ -2,34 +2,49 @@
 
 The name is the function's name, the description the docstring's first paragraph, and the parameters' JSON
 schema comes from the signature's type hints (parameter descriptions from a Google-style ``Args:`` section).
+Both the schema and the argument check come from one pydantic model built from the signature, so what the model
+is told and what is accepted cannot drift apart: ``Literal``, ``Enum``, nested pydantic models and dataclasses,
+``list[float]``, ``dict[str, int]``, ``X | None``, defaults and ``Annotated[int, Field(ge=1)]`` constraints all
+hold in both. Arguments are checked strictly as JSON (``"1"`` is not an integer; ``1`` is a valid number), and
+a failed check is a :class:`ToolArgumentsError` (a ``ValueError``) whose message names each bad argument, what
+was expected and what came: it is the model's mistake, shown to the model as the tool's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import re
-import types
 import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
+
+from pydantic import BaseModel, ConfigDict, Field, PydanticSchemaGenerationError, ValidationError, create_model
+from pydantic.json_schema import GenerateJsonSchema
 
 from agentrl.errors import ConfigError
 
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
-                               dict: "object", tuple: "array"}
+
+class ToolArgumentsError(ValueError):
+    """The arguments of a tool call do not fit the tool's signature (the model's mistake, never infrastructure)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Tool:
-    """A callable tool and its OpenAI-style function schema."""
+    """A callable tool and its OpenAI-style function schema.
+
+    ``arguments_model`` is the pydantic model built from the signature: ``parameters`` is its JSON schema and
+    :meth:`validate` checks call arguments against it (field ``i`` is the parameter named by its alias)."""
 
     name: str
     description: str
     parameters: dict[str, Any]  # JSON schema of the arguments object
     fn: Callable[..., Any]
     is_async: bool
+    arguments_model: type[BaseModel] = field(repr=False, compare=False)
+    strict: bool = True
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI/Hermes function-calling schema of this tool."""
@@ -43,90 +58,134 @@ class Tool:
         return await asyncio.to_thread(self.fn, **arguments)
 
     def validate(self, arguments: Any) -> dict[str, Any]:
-        """Check call arguments against the schema; raise ``ValueError`` with a message the model can read."""
+        """The call's arguments checked and converted (nested models built, enum values made members, arrays
+        made tuples where the signature says so); raise :class:`ToolArgumentsError` with a message the model
+        can read."""
         if not isinstance(arguments, dict):
-            raise ValueError(f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}")
+            raise ToolArgumentsError(f"the arguments of {self.name} must be a JSON object "
+                                     f"({self._signature()}), got {_shown(arguments)}")
+        try:
+            try:
+                text = json.dumps(arguments)
+            except (TypeError, ValueError):  # not JSON (a Python caller's objects): check them as Python values
+                checked = self.arguments_model.model_validate(arguments, strict=self.strict)
+            else:
+                checked = self.arguments_model.model_validate_json(text, strict=self.strict)
+        except ValidationError as exc:
+            raise ToolArgumentsError(self._explain(exc)) from None
+        # only the arguments the call gave: the function's own defaults apply to the rest, as in a Python call
+        given = checked.model_fields_set
+        return {f.alias or attr: getattr(checked, attr)
+                for attr, f in type(checked).model_fields.items() if attr in given}
+
+    def _signature(self) -> str:
         props = self.parameters.get("properties", {})
-        missing = [k for k in self.parameters.get("required", []) if k not in arguments]
-        unknown = [k for k in arguments if k not in props]
-        if missing or unknown:
-            raise ValueError(
-                f"{self.name} expects arguments {sorted(props)} (required {self.parameters.get('required', [])}); "
-                f"missing {missing}, unknown {unknown}"
-            )
-        for key, value in arguments.items():
-            expected = props[key].get("type")
-            if expected and not _matches(value, expected):
-                raise ValueError(f"{self.name}: argument {key!r} must be {expected}, got {type(value).__name__}")
-        return arguments
+        required = set(self.parameters.get("required", []))
+        return f"{self.name}({', '.join(p if p in required else p + '=…' for p in props)})"
+
+    def _explain(self, exc: ValidationError) -> str:
+        props = list(self.parameters.get("properties", {}))
+        lines = []
+        for err in exc.errors(include_url=False):
+            where = _location(err["loc"])
+            if err["type"] == "missing":
+                lines.append(f"argument {where} is missing")
+            elif err["type"] == "extra_forbidden":
+                lines.append(f"unknown argument {where} (accepted: {', '.join(props) or 'none'})")
+            else:
+                expected = str(err["msg"]).removeprefix("Input should be ")
+                lines.append(f"argument {where}: expected {expected}, got {_shown(err.get('input'))}")
+        return f"invalid arguments for {self._signature()}: " + "; ".join(lines)
 
 
-def _matches(value: Any, expected: str) -> bool:
-    if expected == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    checks = {"string": str, "boolean": bool, "array": list, "object": dict}
-    return isinstance(value, checks[expected]) if expected in checks else True
+def _location(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the model wrote it: ``'point.x'``, ``'values[1]'``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return repr(text)
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value as JSON (what the model wrote), capped."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _NoFieldTitles(GenerateJsonSchema):
+    """Pydantic's schema without the per-field ``title`` (the parameter name again): what function schemas
+    look like in OpenAI's and the chat templates' examples."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
 
 
 @overload
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
-def tool(*, name: str | None = None, description: str | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(*, name: str | None = None, description: str | None = None,
+         strict: bool = True) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
+    strict: bool = True,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Decorator: turn a typed function into a :class:`Tool` (usable as ``@tool`` or ``@tool(name=...)``)."""
+    """Decorator: turn a typed function into a :class:`Tool` (usable as ``@tool`` or ``@tool(name=...)``).
+
+    ``strict=False`` lets pydantic's lax conversions through (``"1"`` for an integer, ``1.0`` for an integer).
+    The decorator does not register the tool: pass it to ``register_env(..., tools=[...])`` or
+    ``register_tool`` to make it known by name."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return make_tool(f, name=name, description=description)
+        return make_tool(f, name=name, description=description, strict=strict)
 
     return wrap(fn) if fn is not None else wrap
 
 
-def make_tool(fn: Callable[..., Any], *, name: str | None = None, description: str | None = None) -> Tool:
-    doc = inspect.getdoc(fn) or ""
-    summary, arg_docs = _parse_docstring(doc)
-    hints = typing.get_type_hints(fn)
-    props: dict[str, Any] = {}
-    required: list[str] = []
-    for pname, param in inspect.signature(fn).parameters.items():
+def make_tool(fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+              strict: bool = True) -> Tool:
+    """Build a :class:`Tool` from ``fn``'s signature and docstring (raises ConfigError for what JSON schema
+    cannot describe: ``*args``, ``**kwargs``, a type pydantic does not know)."""
+    tool_name = name or fn.__name__
+    summary, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception as exc:  # noqa: BLE001  (an unresolvable annotation: say which tool)
+        raise ConfigError(f"tool {tool_name}: cannot resolve its type hints ({exc}); define the types at module "
+                          "level") from exc
+    fields: dict[str, Any] = {}
+    for i, (pname, param) in enumerate(inspect.signature(fn).parameters.items()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigError(f"tool {fn.__name__}: *args/**kwargs cannot be described by a JSON schema")
-        prop = _json_schema(hints.get(pname, str))
-        if pname in arg_docs:
-            prop["description"] = arg_docs[pname]
-        if param.default is inspect.Parameter.empty:
-            required.append(pname)
-        else:
-            prop["default"] = param.default
-        props[pname] = prop
+            raise ConfigError(f"tool {tool_name}: *args/**kwargs cannot be described by a JSON schema")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise ConfigError(f"tool {tool_name}: parameter {pname!r} is positional-only; tools are called "
+                              "with keyword arguments")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        # internal field names p0, p1, ... with the parameter name as alias: any parameter name works, even one
+        # that is a BaseModel attribute (``json``, ``schema``, ``copy``) or starts with an underscore
+        fields[f"p{i}"] = (hints.get(pname, Any),
+                           Field(default, alias=pname, description=arg_docs.get(pname)))
+    try:
+        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        parameters = model.model_json_schema(schema_generator=_NoFieldTitles)
+    except (PydanticSchemaGenerationError, TypeError, ValueError) as exc:
+        raise ConfigError(f"tool {tool_name}: its parameters cannot be described as JSON ({exc}); use JSON "
+                          "types, Literal, Enum, pydantic models or dataclasses") from exc
+    parameters.pop("title", None)
+    parameters.setdefault("required", [])
     return Tool(
-        name=name or fn.__name__,
-        description=description or summary or fn.__name__,
-        parameters={"type": "object", "properties": props, "required": required},
+        name=tool_name,
+        description=description or summary or tool_name,
+        parameters=parameters,
         fn=fn,
         is_async=inspect.iscoroutinefunction(fn),
+        arguments_model=model,
+        strict=strict,
     )
-
-
-def _json_schema(hint: Any) -> dict[str, Any]:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _json_schema(args[0]) if len(args) == 1 else {"anyOf": [_json_schema(a) for a in args]}
-    if origin is typing.Literal:
-        values = list(typing.get_args(hint))
-        return {"type": _JSON_TYPES.get(type(values[0]), "string"), "enum": values}
-    if origin in (list, tuple, set, frozenset):
-        args = typing.get_args(hint)
-        return {"type": "array", "items": _json_schema(args[0])} if args else {"type": "array"}
-    if origin is dict:
-        return {"type": "object"}
-    return {"type": _JSON_TYPES.get(hint, "string")}
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:

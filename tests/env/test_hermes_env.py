@@ -137,8 +137,9 @@ async def test_calls_of_one_turn_run_concurrently():
 
 @pytest.mark.parametrize("text, status, says", [
     (call("mul", a=1, b=2), "unknown_tool", "unknown tool 'mul'; available: add, divide"),
-    (call("add", a=1), "malformed", "missing ['b']"),
-    (call("add", a="1", b=2), "malformed", "must be integer"),
+    (call("add", a=1), "malformed", "argument 'b' is missing"),
+    (call("add", a="1", b=2), "malformed", "argument 'a': expected a valid integer, got \"1\""),
+    (call("add", a=1, b=2, c=3), "malformed", "unknown argument 'c' (accepted: a, b)"),
     ("<tool_call>{oops}</tool_call>", "malformed", "not valid JSON"),
     (call("divide", a=1, b=0), "Error", "ZeroDivisionError"),
 ])

@@ -1,6 +1,6 @@
 """Plugins through the ``agentrl.plugins`` entry-point group, from a real (temporary) installed distribution:
-a callable taking the registry, a module whose decorators register, and a broken one that must not break
-agentrl."""
+a callable taking the registry, a module whose decorators register, a broken one and one whose name clashes
+with a built-in (neither may break agentrl), and plugins loaded a second time."""
 
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ def shout(text: str) -> str:
 
 def setup(registry):
     registry.register_env("plugin_env", PluginEnv, tools=[shout])
+
+
+def clash(registry):
+    registry.register_env("math", PluginEnv)  # a built-in's name: refused, reported, the built-in stays
 '''
 
 MODULE_PLUGIN = '''
@@ -72,6 +76,7 @@ def installed_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         envs = agentrl_testplugin_env:setup
         module = agentrl_testplugin_mod
         broken = agentrl_testplugin_missing
+        clash = agentrl_testplugin_env:clash
         """))
     monkeypatch.syspath_prepend(str(tmp_path))
     for module in ("agentrl_testplugin_env", "agentrl_testplugin_mod"):  # imported afresh by each test
@@ -100,3 +105,34 @@ def test_plugins_appear_in_the_public_api(installed_plugin):
     names = [e.name for e in agentrl.list_envs()]
     assert {"plugin_env", "plugin_module_env", "retool", "math", "code_tests"} <= set(names)
     assert "shout" in [t.name for t in agentrl.list_tools()]
+
+
+def test_a_plugin_clashing_with_a_builtin_is_reported_and_the_builtin_stays(installed_plugin, caplog):
+    from agentrl.env.math import MathEnv
+
+    with caplog.at_level(logging.ERROR, logger="agentrl.env.registry"):
+        agentrl.list_envs()
+    assert default_registry.get_env("math").factory is MathEnv
+    [msg] = [r.getMessage() for r in caplog.records if "clash" in r.getMessage()]
+    assert "environment 'math' is already registered" in msg and "replace=True" in msg
+
+
+def test_plugins_loaded_twice_do_not_fail(installed_plugin, caplog):
+    registry = Registry()
+    registry.load_plugins()
+    first = registry.get_env("plugin_env")
+    registry._plugins_loaded = False
+    registry.load_plugins()  # the same module objects: the same registrations again, no-ops
+    assert registry.get_env("plugin_env") is first
+    for module in ("agentrl_testplugin_env", "agentrl_testplugin_mod"):
+        del sys.modules[module]
+    registry._plugins_loaded = False
+    default_registry._plugins_loaded = False
+    with caplog.at_level(logging.ERROR, logger="agentrl.env.registry"):
+        registry.load_plugins()  # imported afresh: new objects from the same definitions replace the old
+        default_registry.load_plugins()
+    again = registry.get_env("plugin_env")
+    assert again.factory is not first.factory and again.factory is sys.modules["agentrl_testplugin_env"].PluginEnv
+    assert registry.tools["shout"] is sys.modules["agentrl_testplugin_env"].shout
+    assert default_registry.get_env("plugin_module_env").factory is sys.modules["agentrl_testplugin_mod"].ModuleEnv
+    assert not [r for r in caplog.records if r.getMessage().startswith(("agentrl plugin envs ", "agentrl plugin module "))]
