@@ -1,6 +1,6 @@
 """Environments and tools: the Python API researchers extend."""
 
-from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.env.base import Environment, Observation, StepResult, prompt_messages
 from agentrl.env.hermes import ParsedCall, ToolCallingEnv, parse_tool_calls
 from agentrl.env.registry import (
     EnvResources,
@@ -28,6 +28,7 @@ __all__ = [
     "list_envs",
     "list_tools",
     "parse_tool_calls",
+    "prompt_messages",
     "register_env",
     "register_tool",
     "tool",

@@ -28,7 +28,7 @@ from agentrl.env import default_registry
 from agentrl.errors import TrainerError
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.monitor import RunMonitor
-from agentrl.launcher.resources import load_imports, pin_to_cores, sft_traces_file
+from agentrl.launcher.resources import check_data, load_imports, pin_to_cores, sft_traces_file
 from agentrl.models import resolve_model
 from agentrl.queue import connect_redis
 from agentrl.tokenizer import ChatTokenizer
@@ -186,14 +186,16 @@ async def run_training(cfg: RunConfig) -> dict[str, Any]:
 
     cfg = cfg.with_default_name().with_absolute_paths()
     load_imports(cfg.imports)
+    check_data(cfg)  # data files exist and hold the keys: fail before anything starts
     run_dir = cfg.run_dir().resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     default_registry.get_env(cfg.env.name)  # fail fast, naming the known environments
     t_start = time.monotonic()
     base_model = resolve_model(cfg.model)
+    sft_data = None
     if cfg.sft.enabled and cfg.sft.steps > 0:
-        sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
+        sft_data = sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
     ray = _ray_init(cfg)
     rollout_cls, trainer_cls = _actor_classes()
     evals: dict[str, Any] = {}
@@ -234,6 +236,8 @@ async def run_training(cfg: RunConfig) -> dict[str, Any]:
                             engine_url=engine_url, queue_left=left, trainer_restarts=trainers.restarts,
                             wall_time_s=time.monotonic() - t_start)
         summary["metrics_url"] = monitor.metrics_url
+        if sft_data is not None:
+            summary["sft_data"] = sft_data.as_dict()  # traces, tokens, truncated (never dropped)
         summary["rl_wall_s"] = round(rl_wall_s, 2)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(run_dir, summary)
