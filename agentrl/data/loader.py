@@ -19,8 +19,8 @@ A row becomes a :class:`agentrl.types.Task`:
 So verl's RL parquet layout (``prompt`` as messages, ``reward_model.ground_truth``, ``data_source``,
 ``extra_info``) loads with ``answer_key="reward_model.ground_truth"``.
 
-Every error is a :class:`DatasetError` (a ``ConfigError``) that names the file, what was expected and what was
-found (columns, with a "did you mean" for a misspelt key). :func:`check_dataset` reads only the first row, so a
+Every error is a :class:`DatasetError` (a ``ConfigError``) that names the file (and the row, counted from 0),
+what was expected and what was found (columns, with a "did you mean" for a misspelt key). :func:`check_dataset` reads only the first row, so a
 driver can check its data before it starts any server.
 """
 
