@@ -59,12 +59,17 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One prompt of a dataset: what an environment is reset with."""
+    """One prompt of a dataset: what an environment is reset with.
+
+    ``messages``: the prompt as chat messages (``{role, content, ...}`` dicts), when the dataset gave it so; an
+    environment then starts the episode from them (:func:`agentrl.env.base.prompt_messages`) and ``prompt`` holds
+    the text of their last user message (for rewards and logs). Empty for a plain string prompt."""
 
     id: str
     prompt: str
     answer: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, Any], ...] = ()
 
 
 class ToolCall(NamedTuple):

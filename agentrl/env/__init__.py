@@ -1,6 +1,6 @@
 """Environments and tools: the Python API researchers extend."""
 
-from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.env.base import Environment, Observation, StepResult, prompt_messages
 from agentrl.env.hermes import ToolCallingEnv
 from agentrl.env.registry import (
     EnvResources,
@@ -32,6 +32,7 @@ __all__ = [
     "list_tools",
     "make_tool_parser",
     "parse_tool_calls",
+    "prompt_messages",
     "register_env",
     "register_tool",
     "tool",

@@ -1,10 +1,10 @@
 """The environment contract: a small async, gym-like surface an episode runner drives.
 
-An episode: ``messages = await env.reset(task)``; then, for each model turn, ``result = await env.step(text)``
-with the text the model generated in that turn; the episode ends when ``result.done``; finally
-``await env.score(response)`` (a :class:`agentrl.rewards.RewardInput`: the model's own text, tool
-observations left out, plus tool-call counts) gives the reward and ``await env.close()`` frees per-episode resources (a sandbox
-session, say). One environment instance serves one episode.
+An episode: ``messages = await env.reset(task)`` (built with :func:`prompt_messages`); then, for each model turn,
+``result = await env.step(text)`` with the text the model generated in that turn; the episode ends when
+``result.done``; finally ``await env.score(response)`` (a :class:`agentrl.rewards.RewardInput`: the model's own text,
+tool observations left out, plus tool-call counts) gives the reward and ``await env.close()`` frees per-episode
+resources (a sandbox session, say). One environment instance serves one episode.
 
 Observations come back either as raw text appended right after the model's tokens (ReTool's
 ``<interpreter>…</interpreter>`` inside the same assistant message) or as chat messages (a ``tool`` role turn)
@@ -38,6 +38,18 @@ class StepResult:
     done: bool
     tool_calls: tuple[ToolCall, ...] = ()
     tool_results: tuple[ToolResult, ...] = ()
+
+
+def prompt_messages(task: Task, system_prompt: str | None = None) -> list[dict[str, Any]]:
+    """The conversation an episode starts from. A task with chat messages (``Task.messages``) starts from them,
+    with ``system_prompt`` put first only when they hold no system message of their own; a plain task starts from
+    the system prompt (if any) and its prompt as the user message. Every environment's ``reset`` builds its
+    messages here, so a messages prompt can never be mistaken for text."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if task.messages:
+        own = [dict(m) for m in task.messages]
+        return own if any(m.get("role") == "system" for m in own) else [*system, *own]
+    return [*system, {"role": "user", "content": task.prompt}]
 
 
 class Environment(abc.ABC):
@@ -87,8 +99,7 @@ class SingleTurnEnv(Environment):
     async def reset(self, task: Task) -> list[dict[str, Any]]:
         self.validate(task)
         self.task = task
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*system, {"role": "user", "content": task.prompt}]
+        return prompt_messages(task, self.system_prompt)
 
     async def step(self, text: str) -> StepResult:
         return StepResult(None, True)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.env.base import Environment, Observation, StepResult, prompt_messages
 from agentrl.env.registry import EnvResources
 from agentrl.env.tool_parsers import BUILTIN, ParsedCall, make_tool_parser
 from agentrl.env.tool_parsers import parse_tool_calls as parse_tool_calls  # re-exported: its home until now
@@ -66,8 +66,7 @@ class ToolCallingEnv(Environment):
         return [t.schema() for t in self._tools.values()]
 
     def prompt(self, task: Task) -> list[dict[str, Any]]:
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*system, {"role": "user", "content": task.prompt}]
+        return prompt_messages(task, self.system_prompt)
 
     async def reset(self, task: Task) -> list[dict[str, Any]]:
         self.task, self.calls = task, 0

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.env.base import Environment, Observation, StepResult, prompt_messages
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError
 from agentrl.rewards import FormatReward, MathReward, RewardInput, RewardResult, WeightedReward
@@ -117,7 +117,7 @@ class ReToolEnv(Environment):
     async def reset(self, task: Task) -> list[dict[str, Any]]:
         self.task = task
         self.calls = 0
-        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": task.prompt}]
+        return prompt_messages(task, self.system_prompt)
 
     async def step(self, text: str) -> StepResult:
         call = parse_code_call(text)

@@ -15,7 +15,7 @@ from agentrl.eval.base import (
     UnknownEnvironmentError,
     correctness_score,
 )
-from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_jsonl, load_tasks
+from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
 from agentrl.eval.engines import EngineLease, EnginePool, LimitedEngine, ResolvedModel, resolve_model_spec
 from agentrl.eval.metrics import compute_metrics, pass_at_k
 from agentrl.eval.runner import TooManyErrors, check_environment, run_eval
@@ -26,6 +26,6 @@ __all__ = [
     "CORRECT_KEY", "DatasetFactory", "DatasetItem", "DatasetSpec", "EngineLease", "EnginePool", "EnvironmentSpec",
     "EvalResult", "EvalServices", "EvalSpec", "LimitedEngine", "ModelSpec", "RecordCallback", "ResolvedModel",
     "SampleRecord", "SamplingSpec", "SpecError", "TooManyErrors", "UnknownEnvironmentError", "builtin_datasets",
-    "check_environment", "compute_metrics", "correctness_score", "evaluate", "load_jsonl", "load_tasks",
+    "check_environment", "compute_metrics", "correctness_score", "evaluate", "load_tasks",
     "pass_at_k", "resolve_model_spec", "run_eval",
 ]

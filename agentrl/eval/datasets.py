@@ -1,18 +1,20 @@
-"""Evaluation datasets: inline items, registered datasets by name, or a ``.jsonl`` file.
+"""Evaluation datasets: inline items, registered datasets by name, or a dataset file on this machine.
 
 Registered datasets are a plain ``dict[str, factory]``; a factory is called as ``factory(n, seed)`` and returns
 tasks. Built in: the arithmetic word-problem families of :mod:`agentrl.data.arithmetic` as
-``arithmetic:<family>`` (``arithmetic:heldout`` holds wordings never used for SFT).
+``arithmetic:<family>`` (``arithmetic:heldout`` holds wordings never used for SFT). Files and folders are read by
+:mod:`agentrl.data.loader`, the loader training uses (.jsonl, .json, .parquet, .arrow, save_to_disk folders;
+``prompt_key`` / ``answer_key`` with dotted paths; prompts as strings or chat messages).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 from agentrl.data import arithmetic
+from agentrl.data.loader import DatasetError, is_dataset_path, load_task_file, task_from_row
 from agentrl.eval.base import SpecError
 from agentrl.eval.spec import MAX_ITEMS, DatasetSpec
 from agentrl.types import Task
@@ -37,9 +39,11 @@ def load_tasks(spec: DatasetSpec, *, datasets: dict[str, DatasetFactory] | None 
     relative path is taken relative to the first (None: any path, relative to the working directory, for local
     runs). Raises :class:`SpecError` naming the field at fault."""
     if spec.items is not None:
-        tasks = [Task(id=item.id or f"item-{i}", prompt=item.prompt, answer=item.answer,
-                      metadata=dict(item.model_extra or {}))
-                 for i, item in enumerate(spec.items)]
+        try:
+            tasks = [task_from_row(item.model_dump(), i, path="items", id_prefix="item")
+                     for i, item in enumerate(spec.items)]
+        except DatasetError as exc:
+            raise SpecError(("dataset", "items"), exc.message) from None
     elif spec.name is not None:
         registry = builtin_datasets() if datasets is None else datasets
         if spec.name not in registry:
@@ -48,7 +52,12 @@ def load_tasks(spec: DatasetSpec, *, datasets: dict[str, DatasetFactory] | None 
         tasks = registry[spec.name](spec.n, spec.seed)
     else:
         assert spec.path is not None
-        tasks = load_jsonl(_checked_path(spec.path, allowed_dirs))
+        path = _checked_path(spec.path, allowed_dirs)
+        try:
+            return load_task_file(path, prompt_key=spec.prompt_key, answer_key=spec.answer_key, limit=spec.limit,
+                                  max_rows=MAX_ITEMS)
+        except DatasetError as exc:
+            raise SpecError(("dataset", exc.field), exc.message) from None
     return tasks[: spec.limit] if spec.limit is not None else tasks
 
 
@@ -66,51 +75,26 @@ def _checked_path(raw: str, allowed_dirs: Sequence[Path] | None) -> Path:
         if not any(resolved.is_relative_to(r) for r in roots):
             raise SpecError(loc, f"dataset path {raw!r} is outside the directories this server reads datasets "
                             f"from ({', '.join(map(str, roots)) or 'none'}); put the file there or send 'items'")
-    if resolved.suffix != ".jsonl":
-        raise SpecError(loc, f"dataset path {raw!r} must be a .jsonl file (one JSON object per line)")
-    if not resolved.is_file():
-        raise SpecError(loc, f"dataset file {raw!r} does not exist on the server")
-    if resolved.stat().st_size > MAX_FILE_BYTES:
-        raise SpecError(loc, f"dataset file {raw!r} is over {MAX_FILE_BYTES >> 20} MiB")
+    if not is_dataset_path(resolved):
+        raise SpecError(loc, f"dataset path {raw!r} must be a .jsonl, .json, .parquet or .arrow file, or a folder "
+                        "written by save_to_disk")
+    if not resolved.exists():
+        raise SpecError(loc, f"dataset {raw!r} does not exist on the server")
+    size = sum(f.stat().st_size for f in resolved.rglob("*") if f.is_file()) if resolved.is_dir() \
+        else resolved.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise SpecError(loc, f"dataset {raw!r} is over {MAX_FILE_BYTES >> 20} MiB")
     return resolved
 
 
-def load_jsonl(path: Path) -> list[Task]:
-    """One JSON object per line with ``prompt`` (and usually ``answer``; ``id`` optional; other fields become
-    metadata)."""
-    loc = ("dataset", "path")
-    tasks: list[Task] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(loc, f"cannot read dataset file {path}: {exc}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            prompt = d["prompt"]
-            if not isinstance(prompt, str) or not prompt:
-                raise TypeError("'prompt' must be a non-empty string")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SpecError(loc, f"{path}:{n}: expected a JSON object with a 'prompt' string: {exc!r}") from None
-        answer = d.get("answer")
-        tasks.append(Task(id=str(d.get("id", f"{path.stem}-{n}")), prompt=prompt,
-                          answer=None if answer is None else str(answer),
-                          metadata={k: v for k, v in d.items() if k not in ("id", "prompt", "answer")}))
-        if len(tasks) > MAX_ITEMS:
-            raise SpecError(loc, f"{path} holds more than {MAX_ITEMS} items; split it or use 'limit'")
-    if not tasks:
-        raise SpecError(loc, f"dataset file {path} holds no items")
-    return tasks
-
-
 def tasks_to_json(tasks: Sequence[Task]) -> list[dict[str, object]]:
-    return [{"id": t.id, "prompt": t.prompt, "answer": t.answer, "metadata": t.metadata} for t in tasks]
+    return [{"id": t.id, "prompt": t.prompt, "answer": t.answer, "metadata": t.metadata,
+             "messages": list(t.messages)} for t in tasks]
 
 
 def tasks_from_json(data: Sequence[dict[str, object]]) -> list[Task]:
     return [Task(id=str(d["id"]), prompt=str(d["prompt"]),
                  answer=None if d.get("answer") is None else str(d["answer"]),
-                 metadata=dict(d.get("metadata") or {}))  # type: ignore[call-overload]
+                 metadata=dict(d.get("metadata") or {}),  # type: ignore[call-overload]
+                 messages=tuple(dict(m) for m in d.get("messages") or ()))  # type: ignore[attr-defined]
             for d in data]

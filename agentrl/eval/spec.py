@@ -7,7 +7,7 @@ when the spec is loaded (:func:`agentrl.eval.datasets.load_tasks`, :func:`agentr
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -32,25 +32,42 @@ class EnvironmentSpec(_Strict):
     options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the environment")
 
 
+class ChatMessage(BaseModel):
+    """One chat message of a prompt given as a conversation."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=100_000)
+
+
 class DatasetItem(BaseModel):
-    """One problem. Extra fields (e.g. ``tests`` for code environments) go to the task's metadata."""
+    """One problem. ``prompt``: a string, or chat messages (the environment's system prompt is added only when
+    they hold no system message). Extra fields (e.g. ``tests`` for code environments) go to the task's metadata."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"prompt": "What is 17 * 23?",
                                                                                "answer": "391"}]})
 
     id: str | None = Field(default=None, max_length=256)
-    prompt: str = Field(min_length=1, max_length=100_000)
+    prompt: Annotated[str, Field(min_length=1, max_length=100_000)] | Annotated[
+        list[ChatMessage], Field(min_length=1, max_length=256)]
     answer: Annotated[str | None, BeforeValidator(_to_str)] = Field(default=None, max_length=10_000)
 
 
 class DatasetSpec(_Strict):
-    """Exactly one of: inline ``items``, a registered dataset ``name``, or a server-side ``path`` (.jsonl)."""
+    """Exactly one of: inline ``items``, a registered dataset ``name``, or a server-side ``path`` (a .jsonl,
+    .json, .parquet or .arrow file, or a save_to_disk folder, read with ``prompt_key`` / ``answer_key``)."""
 
     items: list[DatasetItem] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
     name: str | None = Field(default=None, min_length=1, max_length=128,
                              description="registered dataset, e.g. 'arithmetic:heldout'; sized by n and seed")
     path: str | None = Field(default=None, min_length=1, max_length=4096,
-                             description="a .jsonl file on the server (one {prompt, answer, ...} per line)")
+                             description="a dataset on the server: .jsonl, .json, .parquet, .arrow or a "
+                                         "save_to_disk folder")
+    prompt_key: str = Field(default="prompt", min_length=1, max_length=256,
+                            description="column of the prompt (a string or chat messages) in a `path` dataset; "
+                                        "a dotted path reaches into nested columns")
+    answer_key: str | None = Field(default="answer", min_length=1, max_length=256,
+                                   description="column of the reference answer in a `path` dataset, e.g. "
+                                               "reward_model.ground_truth; null: the dataset has no answers")
     n: int = Field(default=20, ge=1, le=MAX_ITEMS, description="items drawn from a registered dataset")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="seed of a registered dataset")
     limit: int | None = Field(default=None, ge=1, le=MAX_ITEMS, description="keep only the first `limit` items")

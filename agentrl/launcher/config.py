@@ -54,9 +54,15 @@ class EnvSection(_Section):
 
 
 class DataSection(_Section):
-    train: str = "rl"  # a problem family of agentrl.data.arithmetic, or a .jsonl path with prompt/answer
+    """``train`` / ``heldout``: a problem family of agentrl.data.arithmetic, or a dataset (.jsonl, .json, .parquet,
+    .arrow, a save_to_disk folder; see agentrl.data.loader) whose rows hold ``prompt_key`` (a string or chat
+    messages) and ``answer_key`` (null: no answers); keys may be dotted paths into nested columns."""
+
+    train: str = "rl"
     heldout: str = "heldout"
     num_heldout: int = 0  # held-out problems evaluated before and after training (0: skip)
+    prompt_key: str = Field("prompt", min_length=1)
+    answer_key: str | None = Field("answer", min_length=1)  # e.g. reward_model.ground_truth (verl's layout)
 
 
 class RolloutSection(_Section):
@@ -85,7 +91,10 @@ class SFTSection(_Section):
     """Cold-start SFT on ReTool-style traces before RL (the trainer's SFT mode)."""
 
     enabled: bool = True
-    family: str = "sft"
+    data: str | None = None  # a dataset of conversations (messages_key) or {token_ids, loss_mask} rows (agentrl.data.sft)
+    messages_key: str = Field("messages", min_length=1)
+    max_tokens: int | None = Field(None, ge=2)  # longer traces are cut (and counted); null: rollout.max_context_tokens
+    family: str = "sft"  # without `data`: generated arithmetic traces of this family
     num_traces: int = Field(256, ge=1)
     steps: int = Field(40, ge=0)
     batch_size: int = Field(16, ge=1)
@@ -174,11 +183,13 @@ class RunConfig(_Section):
         processes started elsewhere (Ray workers) see the same files."""
         def absolute(value: str) -> str:
             p = Path(value)
-            return str(p.resolve()) if not p.is_absolute() and (p.suffix in (".py", ".jsonl") or p.exists()) else value
+            file_like = p.suffix in (".py", ".jsonl", ".json", ".parquet", ".arrow") or p.exists()
+            return str(p.resolve()) if not p.is_absolute() and file_like else value
 
         data = self.data.model_copy(update={"train": absolute(self.data.train),
                                             "heldout": absolute(self.data.heldout)})
-        return self.model_copy(update={"imports": [absolute(i) for i in self.imports], "data": data,
+        sft = self.sft.model_copy(update={"data": absolute(self.sft.data) if self.sft.data else None})
+        return self.model_copy(update={"imports": [absolute(i) for i in self.imports], "data": data, "sft": sft,
                                        "runs_dir": str(Path(self.runs_dir).resolve())})
 
     def run_dir(self) -> Path:

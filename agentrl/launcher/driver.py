@@ -230,8 +230,9 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     t_start = time.monotonic()
+    sft_data = None
     if cfg.sft.enabled and cfg.sft.steps > 0:
-        sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
+        sft_data = sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
     ray = _ray_init(cfg)
     rollout_cls, trainer_cls = _actor_classes()
     evals = _saved_evals(run_dir) if point is not None else {}
@@ -285,6 +286,8 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
                             wall_time_s=time.monotonic() - t_start,
                             resumed_from_step=point.step if point is not None else None, carried_in=carried)
         summary["metrics_url"] = monitor.metrics_url
+        if sft_data is not None:
+            summary["sft_data"] = sft_data.as_dict()  # traces, tokens, truncated (never dropped)
         summary["rl_wall_s"] = round(rl_wall_s, 2)
         monitor.finish(summary)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -16,7 +16,7 @@ from typing import Any
 from agentrl.env import default_registry
 from agentrl.errors import ConfigError
 from agentrl.launcher.config import RunConfig
-from agentrl.launcher.resources import load_imports
+from agentrl.launcher.resources import check_data, load_imports
 from agentrl.launcher.trackers import check_trackers
 from agentrl.models import resolve_model
 
@@ -53,27 +53,18 @@ def check_run(cfg: RunConfig) -> Path:
     """Everything checkable before a server starts; returns the resolved model folder."""
     load_imports(cfg.imports)
     check_env_options(cfg.env.name, dict(cfg.env.options))
-    model = resolve_model(cfg.model)
-    check_datasets(cfg)
+    check_data(cfg)
+    _check_sft_family(cfg)
     check_trackers(cfg.monitor.wandb, cfg.monitor.trackio)
-    return model
+    return resolve_model(cfg.model)  # last: the first use of a bundled model builds it (seconds)
 
 
-def check_datasets(cfg: RunConfig) -> None:
-    """Training and held-out sources are problem families or readable files with the configured keys."""
+def _check_sft_family(cfg: RunConfig) -> None:
+    """Without ``sft.data`` the SFT traces are generated from the ``sft.family`` problem family."""
     from agentrl.data import arithmetic
 
-    sources = [("data.train", cfg.data.train)]
-    if cfg.data.num_heldout > 0:
-        sources.append(("data.heldout", cfg.data.heldout))
-    for key, source in sources:
-        if source in arithmetic.FAMILIES:
-            continue
-        path = Path(source)
-        if not path.exists():
-            raise ConfigError(f"{key}: {source!r} is neither a problem family ({', '.join(sorted(arithmetic.FAMILIES))})"
-                              f"{did_you_mean(source, sorted(arithmetic.FAMILIES))} nor an existing file")
-    if cfg.sft.enabled and cfg.sft.family not in arithmetic.FAMILIES:
+    families = sorted(arithmetic.FAMILIES)
+    if cfg.sft.enabled and cfg.sft.steps > 0 and cfg.sft.data is None and cfg.sft.family not in families:
         raise ConfigError(f"sft.family: unknown problem family {cfg.sft.family!r}"
-                          f"{did_you_mean(cfg.sft.family, sorted(arithmetic.FAMILIES))}; known: "
-                          f"{', '.join(sorted(arithmetic.FAMILIES))}")
+                          f"{did_you_mean(cfg.sft.family, families)}; known: {', '.join(families)} (or set sft.data "
+                          "to a dataset of conversations)")

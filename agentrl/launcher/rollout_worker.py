@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler, SkipSolved
-from agentrl.data import arithmetic
 from agentrl.engine import EnginePool, SamplingParams, SGLangServer, SGLangServerConfig, pool_configs
 from agentrl.engine.recording import RecordingEngine
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.evaluate import EvalOutcome, evaluate
-from agentrl.launcher.resources import load_imports, make_env_resources, pin_to_cores, tasks_from
+from agentrl.launcher.resources import heldout_tasks, load_imports, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.tokenizer import ChatTokenizer
@@ -145,9 +144,7 @@ class RolloutWorker:
 
     async def evaluate_heldout(self, label: str) -> dict[str, Any]:
         """Greedy held-out evaluation on the engine's current weights; records go to ``eval_<label>.jsonl``."""
-        d = self.cfg.data
-        tasks = [p.task for p in arithmetic.problems(d.heldout, d.num_heldout, seed=self.cfg.seed + 7)] \
-            if d.heldout in arithmetic.FAMILIES else list(_first(tasks_from(d.heldout, seed=0), d.num_heldout))
+        tasks = heldout_tasks(self.cfg)
         outcome: EvalOutcome = await evaluate(self._runner(temperature=0.0), self._make_env, tasks,
                                               concurrency=self.cfg.rollout.max_running_groups,
                                               env_name=self.cfg.env.name,
@@ -159,7 +156,8 @@ class RolloutWorker:
 
     async def run(self, total_groups: int, final_version: int) -> dict[str, Any]:
         r = self.cfg.rollout
-        tasks = tasks_from(self.cfg.data.train, seed=self.cfg.seed)
+        d = self.cfg.data
+        tasks = tasks_from(d.train, seed=self.cfg.seed, prompt_key=d.prompt_key, answer_key=d.answer_key)
         if r.skip_solved_window:
             tasks = SkipSolved(tasks, window=r.skip_solved_window, threshold=r.skip_solved_rate,
                                keep=r.skip_solved_keep, seed=self.cfg.seed)
@@ -209,9 +207,3 @@ class RolloutWorker:
     async def aclose(self) -> None:
         await self._stack.aclose()
 
-
-def _first(it: Any, n: int) -> Any:
-    for i, x in enumerate(it):
-        if i >= n:
-            return
-        yield x

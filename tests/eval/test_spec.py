@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from agentrl.eval import DatasetSpec, EvalSpec, ModelSpec, SpecError, load_tasks
+from agentrl.eval.datasets import tasks_from_json, tasks_to_json
 from agentrl.eval.engines import check_model, resolve_model_spec
 from agentrl.eval.spec import EXAMPLE
 
@@ -59,7 +60,8 @@ def test_datasets_inline_registered_and_files(tmp_path: Path) -> None:
     (lambda d: DatasetSpec(path="/etc/passwd"), "outside the directories"),
     (lambda d: DatasetSpec(path=str(d / "missing.jsonl")), "does not exist"),
     (lambda d: DatasetSpec(path=str(d / "x.txt")), "must be a .jsonl"),
-    (lambda d: DatasetSpec(path=str(d / "bad.jsonl")), "bad.jsonl:2"),
+    (lambda d: DatasetSpec(path=str(d / "bad.jsonl")), "bad.jsonl, row 1: the prompt ('prompt') is null"),
+    (lambda d: DatasetSpec(path=str(d / "bad.jsonl"), answer_key="answers"), "did you mean answer_key='answer'"),
     (lambda d: DatasetSpec(path=str(d / "sub" / ".." / ".." / "escape.jsonl")), "outside the directories"),
 ])
 def test_dataset_errors_name_the_field(tmp_path: Path, make, words: str) -> None:
@@ -67,6 +69,31 @@ def test_dataset_errors_name_the_field(tmp_path: Path, make, words: str) -> None
     with pytest.raises(SpecError) as info:
         load_tasks(make(tmp_path), allowed_dirs=[tmp_path])
     assert info.value.loc[0] == "dataset" and words in str(info.value)
+    if "did you mean" in words:
+        assert info.value.loc == ("dataset", "answer_key")
+
+
+def test_dataset_files_in_every_format_with_keys_and_messages(tmp_path: Path) -> None:
+    """The eval API reads server-side files with the training loader: verl's parquet layout, a save_to_disk
+    folder, messages prompts; inline items may be chat messages too."""
+    import datasets
+
+    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "reward_model": {"ground_truth": i},
+             "data_source": "t"} for i in range(3)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "verl.parquet"))
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "folder"))
+    for path in ("verl.parquet", "folder"):
+        tasks = load_tasks(DatasetSpec(path=path, answer_key="reward_model.ground_truth", limit=2),
+                           allowed_dirs=[tmp_path])
+        assert [(t.prompt, t.answer, t.messages) for t in tasks] == [
+            ("q0", "0", ({"role": "user", "content": "q0"},)), ("q1", "1", ({"role": "user", "content": "q1"},))]
+        assert tasks[0].metadata["data_source"] == "t"
+    item = {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], "answer": "1"}
+    (task,) = load_tasks(DatasetSpec(items=[item]))
+    assert task.prompt == "u" and task.messages == tuple(item["prompt"]) and task.id == "item-0"
+    assert tasks_from_json(tasks_to_json([task])) == [task]  # what the REST service stores
+    with pytest.raises(ValidationError):
+        DatasetSpec(items=[{"prompt": [{"role": "wizard", "content": "x"}]}])
 
 
 def test_model_specs(tmp_path: Path, tiny_model_path: Path) -> None:
