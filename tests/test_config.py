@@ -52,3 +52,13 @@ def test_trainer_scores_tokens_at_the_rollout_temperature():
     assert "temperature" not in load_config(None, ["rollout.temperature=0"]).trainer.get("loss", {})  # greedy
     with pytest.raises(ConfigError, match="rollout.temperature 0.7"):
         load_config(None, ["rollout.temperature=0.7", "trainer.loss.temperature=1.0"])
+
+
+def test_misspelt_keys_get_the_closest_known_one():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["rollout.n_sample=3", "trainer.optimzer.lr=1", "monitor.wandb.projct=x", "steps=0"])
+    text = str(info.value)
+    assert "rollout.n_sample: unknown key (did you mean 'rollout.n_samples'?)" in text
+    assert "trainer.optimzer: unknown key (did you mean 'trainer.optimizer'?)" in text
+    assert "monitor.wandb.projct: unknown key (did you mean 'monitor.wandb.project'?)" in text
+    assert "steps: Input should be greater than or equal to 1 (got 0)" in text

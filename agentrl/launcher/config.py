@@ -241,7 +241,45 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid run configuration:\n{exc}") from exc
+        raise ConfigError("invalid run configuration:\n" + describe_errors(exc, RunConfig)) from None
+
+
+def _section_model(cls: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that holds the key at ``loc`` (``trainer`` is a dict checked as a TrainerConfig)."""
+    from agentrl.trainer.config import TrainerConfig
+
+    for part in loc:
+        if cls is RunConfig and part == "trainer":
+            cls = TrainerConfig
+            continue
+        field = cls.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not models:
+            return None
+        cls = models[0]
+    return cls
+
+
+def describe_errors(exc: ValidationError, root: type[BaseModel]) -> str:
+    """One line per error, ``dotted.key: what is wrong``; an unknown key names the closest known one."""
+    import difflib
+
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            holder = _section_model(root, loc[:-1])
+            known = sorted(holder.model_fields) if holder is not None else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+            hint = f" (did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?)" if close else ""
+            lines.append(f"  {key}: unknown key{hint}; known keys here: {', '.join(known) or '?'}")
+        else:
+            lines.append(f"  {key or '(top level)'}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
 
 
 def save_config(config: RunConfig, path: Path) -> None:
