@@ -18,7 +18,7 @@ SMOKE: dict[str, Any] = {
     "log_rollouts": "full",
 }
 
-#: `agentrl demo`: SmolLM2-135M-Instruct on a 2-core CPU in 25-36 minutes: a short cold-start SFT on one family
+#: `agentrl demo`: SmolLM2-135M-Instruct on a 2-core CPU (run times per CPU kind: docs/results.md): a short cold-start SFT on one family
 #: of wordings (format, not saturation: a longer SFT leaves no sampling diversity for RL to work with), async RL
 #: (η = 1, dynamic sampling) on other wordings, held-out accuracy on wordings neither saw. Precision is
 #: ``auto`` on both sides (agentrl.hardware: bf16 on CPUs with AMX, where it is ~6× faster, fp32 on AVX2-only CPUs,
@@ -39,15 +39,17 @@ DEMO: dict[str, Any] = {
                 # 2-6 % of samples, their groups were mostly all wrong and RL rarely learned them (held-out
                 # 0.75 -> 0.725, seed 0). At 1.3: seed 0 0.75 -> 0.85, seed 1 0.65 -> 0.975 (24 min).
                 "temperature": 1.3, "drop_uniform_groups": True,
-                # dynamic sampling dropped 460 of 580 groups (seed 1) and late steps waited ~3 min for rollouts:
-                # at most 2 dropped per queued group keeps a step near the trainer's own ~60 s. (skip_solved, tried on
-                # seed 1, is off: the wordings it skipped were forgotten, 0.675 -> 0.70, and it was no faster)
-                "max_dropped_per_queued": 2.0},
+                # dynamic sampling: at most 1 group dropped per group queued. At 2 (the budget was always spent:
+                # 239 dropped for 120 queued) the rollout side generated 3x the trained groups and every step of an
+                # AVX512-BF16 EPYC run waited ~100 s for rollouts (45 min run). (skip_solved, tried on seed 1, is
+                # off: the wordings it skipped were forgotten, 0.675 -> 0.70, and it was no faster)
+                "max_dropped_per_queued": 1.0},
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.1}},
-    # KL (k3) to the SFT policy, on the trainer's core, which waits for rollouts most of the step anyway
     # shared_prefix: each group's ~86-token prompt runs once for its 8 responses, not 8 times (an RL step of
-    # ~6,900 tokens: 147 s -> 77 s in fp32 on an AVX2 EPYC core, same loss and gradients)
+    # ~6,900 tokens: 147 s -> 77 s in fp32 on one EPYC core, same loss and gradients). No KL term: at kl_coef 0.05
+    # it added 0.001-0.004 to a loss of 0.01-0.1 (KL 0.01-0.08 nats/token) and cost a reference forward, a quarter
+    # of a step, on CPUs where the trainer is the bottleneck (fp32)
     "trainer": {"layout": "shared_prefix", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},
-                "micro_batch_tokens": 4096, "loss": {"kl_coef": 0.05}},
+                "micro_batch_tokens": 4096},
     "resources": {"rollout_cores": [0], "trainer_cores": [1]},
 }
