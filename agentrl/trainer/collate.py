@@ -24,6 +24,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -219,11 +220,24 @@ def split_mini_batches(samples: Sequence[SeqSample], n: int) -> list[list[SeqSam
     return [list(samples[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def assign_ranks(samples: Sequence[SeqSample], world_size: int) -> list[list[SeqSample]]:
-    """Longest-processing-time assignment: each sample, longest first, goes to the least-loaded rank."""
+class Placeable(Protocol):
+    """What the planners below place: a sample, or a shared-prefix unit of samples."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def index(self) -> int: ...
+
+
+P = TypeVar("P", bound=Placeable)
+
+
+def assign_ranks(items: Sequence[P], world_size: int) -> list[list[P]]:
+    """Longest-processing-time assignment: each item, longest first, goes to the least-loaded rank."""
     load = [0] * world_size
-    out: list[list[SeqSample]] = [[] for _ in range(world_size)]
-    for s in sorted(samples, key=lambda s: (-s.length, s.index)):
+    out: list[list[P]] = [[] for _ in range(world_size)]
+    for s in sorted(items, key=lambda s: (-s.length, s.index)):
         r = min(range(world_size), key=lambda i: (load[i], i))
         out[r].append(s)
         load[r] += s.length
@@ -241,13 +255,14 @@ def _group_padded(samples: list[SeqSample], budget: int) -> list[list[list[SeqSa
     return groups
 
 
-def _group_packed(samples: list[SeqSample], budget: int) -> list[list[list[SeqSample]]]:
-    """First-fit-decreasing into rows as long as the longest sequence, then rows into micro-batches."""
-    if not samples:
+def pack_rows(items: Sequence[P], budget: int) -> list[list[list[P]]]:
+    """First-fit-decreasing into rows as long as the longest item, then rows into micro-batches of at most
+    ``budget`` tokens (rows x width; one row at least)."""
+    if not items:
         return []
-    ordered = sorted(samples, key=lambda s: (-s.length, s.index))
+    ordered = sorted(items, key=lambda s: (-s.length, s.index))
     cap = ordered[0].length
-    rows: list[list[SeqSample]] = []
+    rows: list[list[P]] = []
     fill: list[int] = []
     for s in ordered:
         for i, f in enumerate(fill):
@@ -348,7 +363,7 @@ def plan_micro_batches(
         shared, count = shared_prefix.plan(samples, weights, token_budget=token_budget, rank=rank,
                                            world_size=world_size, pad_id=pad_id)
         return shared + [dummy_micro_batch(pad_id) for _ in range(count - len(shared))]
-    group = _group_packed if layout == "packed" else _group_padded
+    group = pack_rows if layout == "packed" else _group_padded
     plans = [group(part, token_budget) for part in assign_ranks(samples, world_size)]
     for mb in plans[rank]:
         size = len(mb) * max(sum(s.length for s in row) for row in mb)

@@ -15,7 +15,8 @@ may point at that one position (the LM head runs once per entry, gradients add u
 The mask is 4D (``[rows, 1, T, T]`` bool, True = attend), passed to SDPA as is by Hugging Face. Attention then
 costs ``T²`` per row instead of ``Σ L_i²``; for rows of a few hundred tokens the linear layers, which see each
 prompt token once instead of n times, dominate. Rows pack whole units (a prefix and its continuations) first-fit
-decreasing up to the longest unit; ranks get whole units, balanced by tokens.
+decreasing up to the longest unit; ranks get whole units, balanced by tokens (the planners of
+:mod:`agentrl.trainer.collate`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl.trainer.collate import MicroBatch, SeqSample
+from agentrl.trainer.collate import MicroBatch, SeqSample, assign_ranks, pack_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,10 @@ class Unit:
     def length(self) -> int:
         return self.prefix_len + sum(s.length - self.prefix_len for s in self.samples)
 
+    @property
+    def index(self) -> int:  # a stable tie-break for the planners: the first sample's
+        return self.samples[0].index
+
 
 def make_units(samples: Sequence[SeqSample]) -> list[Unit]:
     """Samples grouped by their unscored prefix (identical token ids), in order of first appearance."""
@@ -51,39 +56,6 @@ def make_units(samples: Sequence[SeqSample]) -> list[Unit]:
         by_prefix.setdefault(key, []).append(s)
         lengths[key] = p
     return [Unit(lengths[k], tuple(v)) for k, v in by_prefix.items()]
-
-
-def assign_units(units: Sequence[Unit], world_size: int) -> list[list[Unit]]:
-    """Longest-processing-time: each unit, longest first, to the rank with the fewest tokens so far."""
-    load = [0] * world_size
-    out: list[list[Unit]] = [[] for _ in range(world_size)]
-    for u in sorted(units, key=lambda u: (-u.length, u.samples[0].index)):
-        r = min(range(world_size), key=lambda i: (load[i], i))
-        out[r].append(u)
-        load[r] += u.length
-    return out
-
-
-def group_units(units: Sequence[Unit], budget: int) -> list[list[list[Unit]]]:
-    """First-fit-decreasing into rows as long as the longest unit, then rows into micro-batches of at most
-    ``budget`` tokens (rows x width; one row at least)."""
-    if not units:
-        return []
-    ordered = sorted(units, key=lambda u: (-u.length, u.samples[0].index))
-    cap = ordered[0].length
-    rows: list[list[Unit]] = []
-    fill: list[int] = []
-    for u in ordered:
-        for i, f in enumerate(fill):
-            if f + u.length <= cap:
-                rows[i].append(u)
-                fill[i] += u.length
-                break
-        else:
-            rows.append([u])
-            fill.append(u.length)
-    per_mb = max(budget // cap, 1)
-    return [rows[i : i + per_mb] for i in range(0, len(rows), per_mb)]
 
 
 def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> MicroBatch:
@@ -146,6 +118,6 @@ def plan(
     pad_id: int,
 ) -> tuple[list[MicroBatch], int]:
     """This rank's shared-prefix micro-batches and the largest micro-batch count over all ranks."""
-    per_rank = [group_units(part, token_budget) for part in assign_units(make_units(samples), world_size)]
+    per_rank = [pack_rows(part, token_budget) for part in assign_ranks(make_units(samples), world_size)]
     mine = [build(mb, weights, pad_id) for mb in per_rank[rank]]
     return mine, max((len(p) for p in per_rank), default=0)
