@@ -277,24 +277,38 @@ def pack_rows(items: Sequence[P], budget: int) -> list[list[list[P]]]:
     return [rows[i : i + per_mb] for i in range(0, len(rows), per_mb)]
 
 
+class ScoredTokens:
+    """The per-scored-token arrays of one micro-batch, collected sample by sample (``flat``: each scored entry's
+    index into the ``rows x width`` positions)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[Tensor]] = {k: [] for k in (
+            "score_index", "targets", "behavior_logprobs", "advantages", "weights", "seq_index")}
+
+    def add(self, s: SeqSample, flat: Tensor, weight: Tensor) -> None:
+        n = s.targets.numel()
+        for key, value in (("score_index", flat), ("targets", s.targets), ("behavior_logprobs", s.behavior_logprobs),
+                           ("advantages", torch.full((n,), s.advantage, dtype=torch.float32)), ("weights", weight),
+                           ("seq_index", torch.full((n,), s.index, dtype=torch.long))):
+            self._parts[key].append(value)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {k: torch.cat(v) for k, v in self._parts.items()}
+
+
 def _build(rows: list[list[SeqSample]], weights: dict[int, Tensor], packed: bool, pad_id: int) -> MicroBatch:
     width = max(sum(s.length for s in row) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
-    idx, tgt, beh, adv, wts, seq = [], [], [], [], [], []
+    scored = ScoredTokens()
     for r, row in enumerate(rows):
         off = 0
         for s in row:
             ids[r, off : off + s.length] = s.input_ids
             pos[r, off : off + s.length] = torch.arange(s.length)
             attn[r, off : off + s.length] = 1
-            idx.append(r * width + off + s.score_pos)
-            tgt.append(s.targets)
-            beh.append(s.behavior_logprobs)
-            adv.append(torch.full((s.targets.numel(),), s.advantage, dtype=torch.float32))
-            wts.append(weights[s.index])
-            seq.append(torch.full((s.targets.numel(),), s.index, dtype=torch.long))
+            scored.add(s, r * width + off + s.score_pos, weights[s.index])
             off += s.length
         if packed and off < width:  # tail padding forms its own segment: positions restart at 0
             pos[r, off:] = torch.arange(width - off)
@@ -303,13 +317,8 @@ def _build(rows: list[list[SeqSample]], weights: dict[int, Tensor], packed: bool
         input_ids=ids,
         position_ids=pos,
         attention_mask=None if packed or num_tokens == attn.numel() else attn,
-        score_index=torch.cat(idx),
-        targets=torch.cat(tgt),
-        behavior_logprobs=torch.cat(beh),
-        advantages=torch.cat(adv),
-        weights=torch.cat(wts),
-        seq_index=torch.cat(seq),
         num_tokens=num_tokens,
+        **scored.tensors(),
     )
 
 

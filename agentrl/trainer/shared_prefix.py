@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl.trainer.collate import MicroBatch, SeqSample, assign_ranks, pack_rows
+from agentrl.trainer.collate import MicroBatch, ScoredTokens, SeqSample, assign_ranks, pack_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> Mi
     # token attends to itself only and no attention row is empty); branch: 0 = the prefix, i = continuation i
     seg = -1 - torch.arange(width).repeat(n_rows, 1)
     branch = torch.zeros((n_rows, width), dtype=torch.long)
-    idx, tgt, beh, adv, wts, seq = [], [], [], [], [], []
+    scored = ScoredTokens()
     real = 0
     for r, row in enumerate(rows):
         off = 0
@@ -86,12 +86,7 @@ def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> Mi
                 branch[r, start : start + n] = i
                 in_prefix = s.score_pos < p
                 flat = torch.where(in_prefix, off + s.score_pos, start + s.score_pos - p)
-                idx.append(r * width + flat)
-                tgt.append(s.targets)
-                beh.append(s.behavior_logprobs)
-                adv.append(torch.full((s.targets.numel(),), s.advantage, dtype=torch.float32))
-                wts.append(weights[s.index])
-                seq.append(torch.full((s.targets.numel(),), s.index, dtype=torch.long))
+                scored.add(s, r * width + flat, weights[s.index])
                 start += n
             real += start - off
             off = start
@@ -103,13 +98,8 @@ def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> Mi
         input_ids=ids,
         position_ids=pos,
         attention_mask=mask,
-        score_index=torch.cat(idx),
-        targets=torch.cat(tgt),
-        behavior_logprobs=torch.cat(beh),
-        advantages=torch.cat(adv),
-        weights=torch.cat(wts),
-        seq_index=torch.cat(seq),
         num_tokens=real,
+        **scored.tensors(),
     )
 
 
