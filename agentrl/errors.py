@@ -12,6 +12,11 @@ The model's own mistakes (malformed tool calls, code that raises, a wrong answer
 observations or rewards.
 """
 
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
 
 class AgentRLError(Exception):
     """Root of every error agentrl raises on purpose."""
@@ -39,3 +44,9 @@ class QueueError(InfrastructureError):
 
 class TrainerError(InfrastructureError):
     """The trainer failed."""
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The known name closest to a misspelt one (difflib ratio >= 0.6), for "did you mean" in error messages."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None

@@ -26,7 +26,6 @@ driver can check its data before it starts any server.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import math
@@ -34,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, closest
 from agentrl.types import Task
 
 #: file suffix → ``datasets`` builder
@@ -177,8 +176,8 @@ def missing_key_error(path: str | Path, row: Mapping[str, Any], key: str, field:
     """The error for a key a dataset lacks: names the file, the key, what it should hold, the columns found,
     and the closest column path when the key looks misspelt."""
     found = column_paths(row)
-    close = difflib.get_close_matches(key, found, n=1, cutoff=0.6)
-    hint = f"; did you mean {field}={close[0]!r}?" if close else f"; set {field} to the column that holds it"
+    close = closest(key, found)
+    hint = f"; did you mean {field}={close!r}?" if close else f"; set {field} to the column that holds it"
     shown = ", ".join(found[:40]) + (", …" if len(found) > 40 else "")
     return DatasetError(f"dataset {path} has no column {key!r} ({field}: {expected}); columns found: "
                         f"{shown or 'none'}{hint}", field=field)

@@ -27,7 +27,6 @@ per-call marker where the format has one, else "a call was started and none was 
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib
 import importlib.util
 import json
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.env.tool_parsers import BUILTIN, ParsedCall
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, closest
 
 if TYPE_CHECKING:
     from agentrl.env.tools import Tool
@@ -79,8 +78,8 @@ def sglang_parser_names() -> list[str] | None:
 
 
 def _unknown(name: str, names: Sequence[str]) -> ConfigError:
-    close = difflib.get_close_matches(name, [BUILTIN, *names], n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(name, [BUILTIN, *names])
+    hint = f" (did you mean {close!r}?)" if close else ""
     return ConfigError(f"unknown tool_parser {name!r}{hint}; known: {BUILTIN!r} (agentrl's <tool_call> parser) "
                        f"and SGLang's {', '.join(names)}")
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, closest
 from agentrl.launcher.trackers import TrackioSection, WandbSection
 
 
@@ -265,8 +265,6 @@ def _section_model(cls: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel
 
 def describe_errors(exc: ValidationError, root: type[BaseModel]) -> str:
     """One line per error, ``dotted.key: what is wrong``; an unknown key names the closest known one."""
-    import difflib
-
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -274,8 +272,8 @@ def describe_errors(exc: ValidationError, root: type[BaseModel]) -> str:
         if err["type"] == "extra_forbidden":
             holder = _section_model(root, loc[:-1])
             known = sorted(holder.model_fields) if holder is not None else []
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-            hint = f" (did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?)" if close else ""
+            close = closest(str(loc[-1]), known)
+            hint = f" (did you mean {'.'.join([*map(str, loc[:-1]), close])!r}?)" if close else ""
             lines.append(f"  {key}: unknown key{hint}; known keys here: {', '.join(known) or '?'}")
         else:
             lines.append(f"  {key or '(top level)'}: {err['msg']} (got {err.get('input')!r})")

@@ -8,13 +8,12 @@ exists and holds the keys it needs; the configured experiment trackers can be im
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from pathlib import Path
 from typing import Any
 
 from agentrl.env import default_registry
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, closest
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.resources import check_data, load_imports
 from agentrl.launcher.trackers import check_trackers
@@ -23,8 +22,8 @@ from agentrl.models import resolve_model
 
 def did_you_mean(word: str, choices: list[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def check_env_options(name: str, options: dict[str, Any]) -> None:

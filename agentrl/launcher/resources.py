@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import os
 import random
@@ -15,7 +14,7 @@ from agentrl.data import arithmetic
 from agentrl.data.loader import FORMATS_TEXT, DatasetError, check_dataset, is_dataset_path, load_task_file
 from agentrl.data.sft import SFTDataStats, SFTTrace, check_sft_data, load_sft_traces, truncate, write_traces
 from agentrl.env.registry import EnvResources
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, closest
 from agentrl.launcher.config import RunConfig
 from agentrl.rewards import MathVerifier
 from agentrl.sandbox import make_sandbox
@@ -73,8 +72,8 @@ def check_task_source(source: str, *, prompt_key: str, answer_key: str | None, w
     if source in arithmetic.FAMILIES:
         return
     if not is_dataset_path(source) and not Path(source).exists():
-        close = difflib.get_close_matches(source, list(arithmetic.FAMILIES), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest(source, arithmetic.FAMILIES)
+        hint = f"; did you mean {close!r}?" if close else ""
         raise ConfigError(f"{what}: {source!r} is neither a problem family ({', '.join(sorted(arithmetic.FAMILIES))}) "
                           f"nor a dataset ({FORMATS_TEXT}){hint}")
     try:

@@ -25,7 +25,6 @@ from typing import IO
 from agentrl.errors import ConfigError
 
 LOCK_FILE = ".agentrl.lock"
-STATE_FILE = "trainer_state.json"  # agentrl.trainer.storage.STATE_FILE (read here without importing torch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +43,14 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def resume_point(run_dir: Path) -> ResumePoint:
-    """The newest complete checkpoint's step, version and entry ids (a folder exists only once complete)."""
-    root = run_dir / "checkpoints"
-    done = sorted((p for p in root.glob("step-*") if (p / STATE_FILE).is_file()), key=lambda p: p.name) \
-        if root.is_dir() else []
-    if not done:
+    """The step, version and entry ids of the checkpoint the resumed trainer will load (the trainer's own choice:
+    its newest complete checkpoint)."""
+    from agentrl.trainer.storage import STATE_FILE, latest_checkpoint
+
+    newest = latest_checkpoint(run_dir / "checkpoints")
+    if newest is None:
         return ResumePoint()
-    doc = json.loads((done[-1] / STATE_FILE).read_text())
+    doc = json.loads((newest / STATE_FILE).read_text())
     return ResumePoint(step=int(doc["step"]), version=int(doc["weight_version"]),
                        entry_ids=tuple(doc.get("extra", {}).get("entry_ids", [])))
 
