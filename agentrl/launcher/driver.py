@@ -45,6 +45,10 @@ def _ray_init(cfg: RunConfig) -> Any:
         return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster: no token file in the user's home
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Ray starts its workers at nice 15 (to keep its own daemons responsive): the trainer and rollout actors, SGLang
+    # and every sandbox they spawn then lose the CPU to any other process on the box (seen: a niced pytest at nice
+    # 10 took the cores from a demo). Our actors are the work; run them at the driver's priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if cfg.resources.ray_address:
         ray.init(address=cfg.resources.ray_address, log_to_driver=True)
     else:
