@@ -40,6 +40,34 @@ async def test_errors_and_malformed_calls_are_observations(resources):
     assert "not closed" in bad.observation.text and bad.tool_calls[0].error
 
 
+async def test_code_that_does_not_parse_is_a_malformed_call_answered_as_the_interpreter_would(resources):
+    async with ReToolEnv(resources, format_weight=0.5) as env:
+        await env.reset(Task(id="t", prompt="?", answer="46"))
+        unclosed = await env.step("<code>\nprint(1 * 34 + 12\n</code>")
+        indented = await env.step("<code>\n  x = 1\ny = 2\n</code>")
+        fine = await env.step("<code>print(1 * 34 + 12)</code>")
+        text = "<code>\nprint(1 * 34 + 12\n</code>The answer is \\boxed{46}."
+        score = await env.score(RewardInput(text=text, num_tool_calls=1, num_malformed_tool_calls=1))
+    assert unclosed.observation.text == "\n<interpreter>\nSyntaxError: '(' was never closed\n</interpreter>\n"
+    assert unclosed.tool_calls[0].error and unclosed.tool_results[0].status == "malformed"
+    assert indented.tool_results[0].output.startswith("IndentationError: ")
+    assert fine.tool_results[0].status == "Finished" and fine.tool_calls[0].error is None
+    assert env.calls == 3  # each counts against the tool-call budget, as a run would
+    # the format half of the reward sees the bad call: correct 1 + 0.5 * mean(answer present 1, well formed 0)
+    assert score.score == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("code", ["print(1 * 34 + 12", "  x = 1\ny = 2", "print(1))", "def f(:\n    pass",
+                                  "x = 1 +"])
+async def test_the_syntax_check_says_what_the_sandboxed_interpreter_says(resources, code):
+    from agentrl.env.retool import render_run_output, syntax_error
+    from agentrl.sandbox.base import Limits, RunRequest
+
+    result = await resources.sandbox.run(RunRequest(code=code, limits=Limits(time_s=5.0)))
+    assert result.run_status.value == "Error"
+    assert syntax_error(code) == render_run_output(result.stdout, result.stderr, "Error", max_chars=1024)
+
+
 async def test_hostile_infinite_loop_becomes_a_timeout_observation(resources):
     async with ReToolEnv(resources, code_timeout_s=1.0) as env:
         await env.reset(Task(id="t", prompt="?", answer="1"))
