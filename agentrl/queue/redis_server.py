@@ -275,7 +275,7 @@ def make_client(url: str, *, connect_timeout_s: float = 10.0) -> redis.asyncio.R
 
 class Pieces:
     """One bulk-string argument of a Redis command given as consecutive byte buffers (bytes, or C-contiguous
-    memoryviews: cast to bytes ``B`` here), e.g. :meth:`agentrl.types.Trajectory.wire_pieces`: a client of :func:`make_client` sends
+    memoryviews: cast to bytes ``B`` here), e.g. :func:`agentrl.queue.codec.wire_pieces`: a client of :func:`make_client` sends
     them one after another and never joins them (see :func:`sends_pieces`)."""
 
     __slots__ = ("parts", "nbytes")

@@ -36,7 +36,7 @@ import redis.asyncio
 import redis.exceptions
 
 from agentrl.errors import ConfigError, QueueError
-from agentrl.queue import _scripts
+from agentrl.queue import _scripts, codec
 from agentrl.queue.base import QueueEntry, QueueFullError, QueueStats
 from agentrl.queue.redis_server import Pieces, sends_pieces
 from agentrl.queue.retry import RetryPolicy
@@ -89,7 +89,7 @@ class TrajectoryQueue:
         Raises QueueFullError after ``timeout_s`` (None: wait as long as it takes) with the ids that got in.
         """
         await self._ensure_group()
-        encode = _as_pieces if self._send_pieces else Trajectory.to_msgpack
+        encode = _as_pieces if self._send_pieces else codec.to_msgpack
         items = [(t.trajectory_id, str(_oldest_version(t)), encode(t)) for t in trajectories]
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
@@ -328,7 +328,7 @@ class TrajectoryQueue:
                                  f"(fields were {sorted(map(_str, fields))})")))
                 continue
             try:
-                good.append(QueueEntry(eid, Trajectory.from_msgpack(payload)))
+                good.append(QueueEntry(eid, codec.from_msgpack(payload)))
             except SchemaError as exc:
                 bad.append((eid, str(exc)))
                 continue
@@ -402,7 +402,7 @@ class TrajectoryQueue:
 
 
 def _as_pieces(t: Trajectory) -> Pieces:
-    return Pieces(t.wire_pieces())
+    return Pieces(codec.wire_pieces(t))
 
 
 def _oldest_version(t: Trajectory) -> int:

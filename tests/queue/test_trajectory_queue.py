@@ -17,6 +17,7 @@ from agentrl.queue import (
     TrajectoryConsumer,
     TrajectoryProducer,
     TrajectoryQueue,
+    codec,
     make_client,
 )
 
@@ -55,7 +56,7 @@ async def test_a_stock_redis_py_client_moves_the_same_bytes(client: redis.asynci
         await fast.put(sent[:1])
         await plain.put(sent[1:])
         stored = [f[b"t"] for _, f in await client.xrange(name)]
-        assert stored == [t.to_msgpack() for t in sent]
+        assert stored == [codec.to_msgpack(t) for t in sent]
         assert [e.trajectory for e in await plain.read(1, timeout_s=1)] == sent[:1]
         assert [e.trajectory for e in await fast.read(1, timeout_s=1)] == sent[1:]
     finally:
