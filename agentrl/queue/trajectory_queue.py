@@ -37,8 +37,8 @@ import redis.exceptions
 
 from agentrl.errors import ConfigError, QueueError
 from agentrl.queue import _scripts, codec
+from agentrl.queue._connection import Pieces, sends_pieces
 from agentrl.queue.base import QueueEntry, QueueFullError, QueueStats
-from agentrl.queue.redis_server import Pieces, sends_pieces
 from agentrl.queue.retry import RetryPolicy
 from agentrl.types import SchemaError, Trajectory
 
