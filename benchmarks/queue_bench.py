@@ -261,7 +261,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
             rates[name].append(n / await runs[name](stream))
             cpu = time.process_time() - cpu0 + server_cpu_s(server_pid) - srv0
             cpu_us[name].append(cpu / n * 1e6)
-            await client.delete(stream, *(f"{stream}:{k}" for k in ("versions", "ids", "payloads", "dead")))
+            await client.delete(stream, *(f"{stream}:{k}" for k in ("versions", "ids", "dead")))
     await client.aclose()
     await stock.aclose()
     codec = codec_ms(trajectories[:200])

@@ -8,7 +8,7 @@ One msgpack map (schema :data:`~agentrl.types.SCHEMA_VERSION`)::
 the arrays as their little-endian bytes (dtypes: :data:`agentrl.types.ARRAYS`), ``turns`` as the msgpack bytes of
 :func:`agentrl.types.turns_to_lists`, ``header`` as :func:`agentrl.types.plain_fields`. Any msgpack decoder reads
 it, and a payload any msgpack encoder wrote (other field order, shorter bin lengths) decodes to the same trajectory
-by the general path (as does schema 1, the turns inside the header, of earlier builds).
+by the general path.
 
 Why the rest of this module exists — speed: a trainer reads thousands of ~50 KB trajectories a minute. Measured
 with ``benchmarks/queue_bench.py`` (docs/results.md), these took the codec from ~0.10 to ~0.045 ms per 47 KB
@@ -117,12 +117,19 @@ def to_msgpack(t: Trajectory) -> bytes:
 
 
 def from_msgpack(payload: bytes) -> Trajectory:
-    """The trajectory of a payload; :class:`~agentrl.types.SchemaError` if it is not one."""
+    """The trajectory of a payload; :class:`~agentrl.types.SchemaError` if it is not one of this schema."""
     wire = _split(payload)
-    if wire is None:  # not in our own field order (or schema 1): the general (copying) path
+    if wire is None:  # not in our own layout: the general (copying) path
         wire = _unpack(payload, "")
-        if isinstance(wire, dict) and isinstance(wire.get("header"), dict):
-            wire = {**wire.pop("header"), **wire}
+        if not isinstance(wire, dict) or "schema" not in wire:
+            raise SchemaError("not a trajectory: expected a map with a 'schema' field")
+        if wire["schema"] != SCHEMA_VERSION:
+            raise SchemaError(f"trajectory schema {wire['schema']} is not supported (this agentrl reads schema "
+                              f"{SCHEMA_VERSION}); producer and consumer must run the same agentrl version")
+        header = wire.pop("header", None)
+        if not isinstance(header, dict):
+            raise SchemaError("malformed trajectory payload: expected a 'header' map")
+        wire = {**header, **wire}
     return _from_wire(wire)
 
 
@@ -163,7 +170,7 @@ def _split(payload: bytes) -> dict[str, Any] | None:
     header = _unpack(view[pos + len(_HEADER_KEY):], "its header does not decode: ")
     if not isinstance(header, dict):
         raise SchemaError(f"malformed trajectory payload: header is a {type(header).__name__}, expected a map")
-    return {**header, **wire, "schema": SCHEMA_VERSION}
+    return {**header, **wire}
 
 
 def _unpack(data: Any, what: str) -> Any:
@@ -173,33 +180,24 @@ def _unpack(data: Any, what: str) -> Any:
         raise SchemaError(f"not a msgpack trajectory: {what}{exc}") from exc
 
 
-_READABLE_SCHEMAS = (1, 2)  # 1: the turns inside the header, as lists; the dict form of both is the same
-
-
-def _from_wire(w: Any) -> Trajectory:
-    if not isinstance(w, dict) or "schema" not in w:
-        raise SchemaError("not a trajectory: expected a map with a 'schema' field")
-    if w["schema"] not in _READABLE_SCHEMAS:
-        raise SchemaError(
-            f"trajectory schema {w['schema']} is not supported (this agentrl reads schemas "
-            f"{', '.join(map(str, _READABLE_SCHEMAS))}); producer and consumer must run the same agentrl version"
-        )
+def _from_wire(w: dict[str, Any]) -> Trajectory:
+    turns = w.get("turns")
+    if not isinstance(turns, (bytes, memoryview)):
+        raise SchemaError(f"malformed trajectory payload: its turns are a {type(turns).__name__}, expected bytes")
     try:
-        turns = w["turns"]
-        turns = LazyTurns(turns) if isinstance(turns, (bytes, memoryview)) else turns_from_lists(turns)
         return Trajectory(
             trajectory_id=w["trajectory_id"],
             prompt_id=w["prompt_id"],
             group_id=w["group_id"],
-            token_ids=np.frombuffer(w["token_ids"], dtype="<i4"),
+            token_ids=np.frombuffer(w["token_ids"], dtype=ARRAYS["token_ids"]),
             prompt_len=w["prompt_len"],
-            loss_mask=np.frombuffer(w["loss_mask"], dtype="u1"),
-            behavior_logprobs=np.frombuffer(w["behavior_logprobs"], dtype="<f4"),
-            weight_versions=np.frombuffer(w["weight_versions"], dtype="<i4"),
+            loss_mask=np.frombuffer(w["loss_mask"], dtype=ARRAYS["loss_mask"]),
+            behavior_logprobs=np.frombuffer(w["behavior_logprobs"], dtype=ARRAYS["behavior_logprobs"]),
+            weight_versions=np.frombuffer(w["weight_versions"], dtype=ARRAYS["weight_versions"]),
             reward=w["reward"],
             finish_reason=FinishReason(w["finish_reason"]),
             reward_breakdown=w["reward_breakdown"],
-            turns=turns,
+            turns=LazyTurns(turns),
             env=w["env"],
             metadata=w["metadata"],
             created_at=w["created_at"],

@@ -65,8 +65,8 @@ class TrajectoryQueue:
                               "protocol 2 (payloads are binary msgpack); create it with the defaults")
         self._redis = redis_client
         self.stream, self.group, self.consumer, self.capacity = stream, group, consumer, capacity
-        self._payloads, self._dead = f"{stream}:payloads", f"{stream}:dead"
-        self._keys = [stream, f"{stream}:versions", f"{stream}:ids", self._payloads]
+        self._dead = f"{stream}:dead"
+        self._keys = [stream, f"{stream}:versions", f"{stream}:ids"]
         self._retry = retry or RetryPolicy()
         self._op_timeout_s, self._max_deliveries = op_timeout_s, max_deliveries
         self._full_poll_s, self._max_batch_bytes = full_poll_s, max_batch_bytes
@@ -312,7 +312,6 @@ class TrajectoryQueue:
         return list(reply[0][1]) if reply else []
 
     async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False) -> list[QueueEntry]:
-        payloads = await self._payloads_of(raw)
         good: list[QueueEntry] = []
         bad: list[tuple[str, str]] = []
         for entry_id, fields in raw:
@@ -322,10 +321,9 @@ class TrajectoryQueue:
             if not fields:  # redis-py turns the nil of a deleted entry into None or {}
                 bad.append((eid, _DELETED))
                 continue
-            payload = fields.get(b"t", payloads.get(entry_id))
+            payload = fields.get(b"t")
             if payload is None:
-                bad.append((eid, (f"no payload: neither a 't' field nor {self._payloads!r}[i] "
-                                 f"(fields were {sorted(map(_str, fields))})")))
+                bad.append((eid, f"no payload: no 't' field (fields were {sorted(map(_str, fields))})"))
                 continue
             try:
                 good.append(QueueEntry(eid, codec.from_msgpack(payload)))
@@ -340,16 +338,6 @@ class TrajectoryQueue:
             log.info("consumer %s got back %d of its unacknowledged entries of %r",
                      self.consumer, len(good), self.stream)
         return good
-
-    async def _payloads_of(self, raw: list[_RawEntry]) -> dict[Any, bytes | None]:
-        """Payloads of entries an earlier build of the queue kept beside the stream (S:payloads), in one HMGET."""
-        need = [(eid, fields[b"i"]) for eid, fields in raw if eid is not None and fields
-                and b"t" not in fields and b"i" in fields]
-        if not need:
-            return {}
-        values = await self._call(lambda: self._redis.hmget(self._payloads, [tid for _, tid in need]),
-                                  "read payloads")
-        return {eid: value for (eid, _), value in zip(need, values)}
 
     async def _move_to_dead_letters(self, bad: list[tuple[str, str]]) -> None:
         for eid, why in bad:

@@ -74,24 +74,25 @@ def test_a_corrupt_turns_blob_raises_schema_error_when_read():
         list(from_msgpack(msgpack.packb(wire, use_bin_type=True)).turns)
 
 
-def test_schema_1_payloads_with_the_turns_inside_the_header_still_decode():
-    t = make_traj()
-    wire = msgpack.unpackb(to_msgpack(t))
-    header = {**wire.pop("header"), "turns": msgpack.unpackb(wire.pop("turns"))}
-    v1 = msgpack.packb({**wire, "schema": 1, "header": header}, use_bin_type=True)
-    assert from_msgpack(v1) == t
-
-
-@pytest.mark.parametrize("layout", ["reordered", "flat (earlier builds)", "bin8 lengths"])
+@pytest.mark.parametrize("layout", ["reordered", "bin8 lengths"])
 def test_payloads_in_other_layouts_take_the_general_path_to_the_same_trajectory(layout):
     t = make_traj()
     wire = msgpack.unpackb(to_msgpack(t))
     if layout == "reordered":
         wire = {"header": wire.pop("header"), **wire}
-    elif layout == "flat (earlier builds)":
-        wire = {**wire.pop("header"), **wire, "turns": msgpack.unpackb(wire["turns"])}
     payload = msgpack.packb(wire, use_bin_type=True)  # msgpack's own packer: the shortest bin lengths
     assert from_msgpack(payload) == t
+
+
+@pytest.mark.parametrize("shape", ["no header map", "turns as lists"])
+def test_maps_of_another_shape_are_rejected(shape):
+    wire = msgpack.unpackb(to_msgpack(make_traj()))
+    if shape == "no header map":
+        wire = {**wire.pop("header"), **wire}
+    else:
+        wire["turns"] = msgpack.unpackb(wire["turns"])
+    with pytest.raises(SchemaError, match="header" if shape == "no header map" else "turns"):
+        from_msgpack(msgpack.packb(wire, use_bin_type=True))
 
 
 def test_empty_trajectory_round_trips():
