@@ -114,17 +114,16 @@ end
 return n
 """
 
-# KEYS: S, S:versions, S:ids, S:dead.  ARGV: group, consumer, dead-letter maxlen, then
-# (entry id, error, force) triples.  Moves each entry that is still pending or still in the stream (or any entry,
-# with force = '1') to the dead-letter stream with the reason and its payload, then acknowledges and forgets it.
-# Returns how many were moved.
+# KEYS: S, S:versions, S:ids, S:dead.  ARGV: group, consumer, dead-letter maxlen, then (entry id, error) pairs.
+# Moves each entry that is still pending or still in the stream to the dead-letter stream with the reason and its
+# payload, then acknowledges and forgets it. Returns how many were moved.
 DEAD_LETTER = _FORGET + """
 local n = 0
-for i = 4, #ARGV, 3 do
+for i = 4, #ARGV, 2 do
   local id = ARGV[i]
   local was_pending = redis.call('XACK', KEYS[1], ARGV[1], id) == 1
   local present = redis.call('XRANGE', KEYS[1], id, id)[1] ~= nil
-  if was_pending or present or ARGV[i + 2] == '1' then  -- else another consumer acknowledged it meanwhile
+  if was_pending or present then  -- else another consumer acknowledged it meanwhile
     local payload = forget(id)
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*',
                'id', id, 'error', ARGV[i + 1], 'consumer', ARGV[2], 'payload', payload)
@@ -132,18 +131,4 @@ for i = 4, #ARGV, 3 do
   end
 end
 return n
-"""
-
-# KEYS: S.  ARGV: group, consumer, entry ids.  For the ids still pending at `consumer`, resets their idle time
-# (so reclaim() elsewhere does not take them) and returns them; ids owned by another consumer are left alone.
-RENEW = """
-local owned = {}
-for i = 3, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
-  if p[1] then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-    owned[#owned + 1] = ARGV[i]
-  end
-end
-return owned
 """
