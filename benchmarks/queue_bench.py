@@ -264,8 +264,8 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
             await client.delete(stream, *(f"{stream}:{k}" for k in ("versions", "ids", "dead")))
     await client.aclose()
     await stock.aclose()
-    codec = codec_ms(trajectories[:200])
-    enc_ms, dec_ms = codec["encode"], codec["decode"]
+    times = codec_ms(trajectories[:200])
+    enc_ms, dec_ms = times["encode"], times["decode"]
     def ratios(name: str, base: str = "raw") -> list[float]:  # per paired round, sorted
         return sorted(q / w for q, w in zip(rates[name], rates[base]))
 
@@ -294,8 +294,8 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
                   f"{statistics.median(r):>8.2f}{f'{r[0]:.2f}-{r[-1]:.2f}':>12}{'':>13}")
         two = (f" queue_vs_raw_2proc_ratio={statistics.median(ratio['queue_2proc']):.3f}"
                f" trajectories_per_s_2proc={med['queue_2proc']:.0f}")
-    print(f"Trajectory codec per trajectory: encode {enc_ms:.3f} ms as pieces ({codec['encode_joined']:.3f} ms "
-          f"joined into one bytes), decode {dec_ms:.3f} ms ({codec['decode_turns']:.3f} ms reading the turns too; "
+    print(f"Trajectory codec per trajectory: encode {enc_ms:.3f} ms as pieces ({times['encode_joined']:.3f} ms "
+          f"joined into one bytes), decode {dec_ms:.3f} ms ({times['decode_turns']:.3f} ms reading the turns too; "
           "a trainer does not); CPU = this process + the Redis server when it is the embedded one")
     print(f"queue_vs_raw_ratio={statistics.median(ratio['queue']):.3f} trajectories_per_s={med['queue']:.0f} "
           f"queue_vs_raw_total_ratio={total['queue'] / total['raw']:.3f} "
