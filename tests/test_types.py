@@ -22,17 +22,12 @@ from agentrl.types import (
 
 def make_traj(**over):
     fields = dict(
-        trajectory_id="t1", prompt_id="p1", group_id="g1",
-        token_ids=[5, 6, 7, 100, 101, 200, 201, 102], prompt_len=3,
-        loss_mask=[0, 0, 0, 1, 1, 0, 0, 1],
-        behavior_logprobs=[0.0, 0.0, 0.0, -0.5, -1.25, 0.0, 0.0, -3.0],
-        weight_versions=[-1, -1, -1, 0, 1, -1, -1, 1],
-        reward=1.0, finish_reason=FinishReason.STOP, reward_breakdown={"correct": 1.0},
-        turns=(Turn(index=0, text="<code>print(1)</code>", token_start=3, token_end=5, observation_len=2,
-                    tool_calls=(ToolCall("python", {"code": "print(1)"}, raw="<code>print(1)</code>"),),
-                    tool_results=(ToolResult("python", "Finished", "1", 0.01),), generate_s=0.2, tool_s=0.01),
-               Turn(index=1, text="\\boxed{1}", token_start=7, token_end=8)),
-        env="retool", metadata={"answer": "1", "nested": {"k": [1, 2]}},
+        trajectory_id="t1", prompt_id="p1", group_id="g1", token_ids=[5, 6, 7, 8], prompt_len=2,
+        loss_mask=[0, 0, 1, 1], behavior_logprobs=[0.0, 0.0, -0.5, -1.0], weight_versions=[-1, -1, 3, 3],
+        reward=0.5, finish_reason=FinishReason.STOP,
+        turns=(Turn(index=0, text="<code>1</code>", token_start=2, token_end=4,
+                    tool_calls=(ToolCall("python", {"code": "1"}),),
+                    tool_results=(ToolResult("python", "Finished", "1"),)),),
     )
     fields.update(over)
     return Trajectory(**fields)
@@ -42,7 +37,7 @@ def test_misaligned_arrays_are_rejected():
     with pytest.raises(SchemaError, match="loss_mask"):
         make_traj(loss_mask=[0, 1])
     with pytest.raises(SchemaError, match="prompt tokens"):
-        make_traj(loss_mask=[1, 0, 0, 1, 1, 0, 0, 1])
+        make_traj(loss_mask=[1, 0, 1, 1])
 
 
 def test_arrays_are_read_only_and_typed_and_the_callers_array_is_untouched():
