@@ -1,4 +1,4 @@
-"""Data types shared by every component: tasks, turns, trajectories, and their wire format.
+"""Data types shared by every component: tasks, turns, trajectories, and their serialised form.
 
 A :class:`Trajectory` is the unit that travels rollout → Redis → trainer. Its per-token arrays are aligned with
 ``token_ids`` and hold exactly what the inference engine saw and produced (token-in/token-out, never
@@ -13,34 +13,28 @@ re-tokenised):
 
 In a process the per-token arrays are read-only numpy arrays (int32 ids and versions, uint8 mask, float32
 logprobs: the engine computes logprobs in fp32, so float32 is lossless for them); sequences passed to the
-constructor are converted once. On the wire (schema 2): one msgpack map ``{schema: 2, token_ids: bin, loss_mask:
-bin, behavior_logprobs: bin, weight_versions: bin, turns: bin, header: {every other field}}``, the arrays as their
-little-endian bytes and ``turns`` as the msgpack bytes of the list of turns. Any msgpack decoder reads it.
-agentrl writes it in that order with 32-bit bin lengths, so encoding is a list of pieces that point at the arrays'
-own memory (:meth:`Trajectory.wire_pieces`; a Redis client of ``agentrl.queue`` sends them without joining them),
-and decoding finds the arrays by their offsets and wraps the payload's bytes (``np.frombuffer``, zero-copy), while
-msgpack decodes only the small header: the turns stay bytes until something reads them (:class:`LazyTurns`; a
-trainer never does). A payload in any other order, and schema 1 (the turns inside the header), take the general
-msgpack path.
+constructor are converted once.
+
+The serialised form of a trajectory (schema :data:`SCHEMA_VERSION`) is plain values: the scalar fields
+(:func:`plain_fields`), the turns as positional lists (:func:`turns_to_lists`) and the arrays; ``to_dict`` gives it
+as JSON. Its byte layout on the queue, and the zero-copy tricks that make it cheap, are
+:mod:`agentrl.queue.codec`'s business.
 """
 
 from __future__ import annotations
 
 import enum
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple
 
-import msgpack
 import numpy as np
 
 from agentrl.errors import AgentRLError
 
-SCHEMA_VERSION = 2
-_READABLE_SCHEMAS = (1, 2)  # 1: the turns inside the header, as lists; the dict form of both is the same
+SCHEMA_VERSION = 2  # of the serialised form; a reader rejects any other (producer and consumer run one agentrl)
 
 
 class SchemaError(AgentRLError, ValueError):
@@ -121,57 +115,6 @@ class Turn(NamedTuple):
         return d
 
 
-class LazyTurns(Sequence[Turn]):
-    """The turns of a trajectory read from the wire, decoded on first use: a trainer reads thousands of
-    trajectories a minute and never their turns (the texts, tool calls and results are most of a payload's
-    decoding time). Behaves as the tuple of turns it stands for (compares equal to it; pickles undecoded, or as
-    the tuple once decoded); a blob that does not decode raises :class:`SchemaError` when first read."""
-
-    __slots__ = ("_blob", "_turns")
-
-    def __init__(self, blob: bytes | memoryview) -> None:
-        self._blob: bytes | memoryview | None = blob
-        self._turns: tuple[Turn, ...] | None = None
-
-    @property
-    def wire(self) -> bytes | memoryview | None:
-        """The encoded turns while they have not been decoded (re-encoding then costs nothing), else None."""
-        return self._blob
-
-    def _get(self) -> tuple[Turn, ...]:
-        if self._turns is None:
-            assert self._blob is not None
-            self._turns = _turns_from_wire(_unpack(self._blob, "its turns do not decode: "))
-            self._blob = None
-        return self._turns
-
-    def __len__(self) -> int:
-        return len(self._get())
-
-    @overload
-    def __getitem__(self, i: int) -> Turn: ...
-    @overload
-    def __getitem__(self, i: slice) -> tuple[Turn, ...]: ...
-    def __getitem__(self, i: int | slice) -> Turn | tuple[Turn, ...]:
-        return self._get()[i]
-
-    def __iter__(self) -> Iterator[Turn]:
-        return iter(self._get())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyTurns):
-            return self._get() == other._get()
-        return self._get() == other if isinstance(other, tuple) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(self._get())
-
-    def __reduce__(self) -> tuple[Any, ...]:  # still undecoded: as bytes (a memoryview cannot be pickled)
-        return (LazyTurns, (bytes(self._blob),)) if self._blob is not None else (tuple, (self._turns,))
-
-
 #: per-token arrays of a trajectory and their dtypes (little-endian on the wire)
 ARRAYS: dict[str, str] = {"token_ids": "<i4", "loss_mask": "u1", "behavior_logprobs": "<f4", "weight_versions": "<i4"}
 
@@ -207,7 +150,7 @@ class Trajectory:
     reward: float
     finish_reason: FinishReason
     reward_breakdown: dict[str, float] = field(default_factory=dict)
-    turns: Sequence[Turn] = ()  # a tuple, or LazyTurns when decoded from the wire
+    turns: Sequence[Turn] = ()  # a tuple, or decoded on first use when read from the queue (codec.LazyTurns)
     env: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
@@ -259,85 +202,12 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (per-token arrays as lists), e.g. for ``rollouts.jsonl`` and REST results."""
-        d: dict[str, Any] = {"schema": SCHEMA_VERSION, **_header(self), "turns": _turns_wire(self.turns)}
+        d: dict[str, Any] = {"schema": SCHEMA_VERSION, **plain_fields(self), "turns": turns_to_lists(self.turns)}
         d.update((name, getattr(self, name).tolist()) for name in ARRAYS)
         return d
 
-    def wire_pieces(self) -> list[bytes | memoryview]:
-        """The msgpack payload as consecutive pieces, the arrays' (and undecoded turns') own memory among them:
-        ``b"".join(pieces) == to_msgpack()``; a writer that sends pieces saves copying ~13 bytes per token."""
-        parts: list[bytes | memoryview] = []
-        for name, key in _BIN_KEYS[:4]:  # each bin's key, marker and length in one small piece
-            arr = getattr(self, name)
-            parts += (key + arr.nbytes.to_bytes(4, "big"), arr.data.cast("B"))
-        parts[0] = _WIRE_PREFIX + parts[0]
-        turns = self.turns.wire if isinstance(self.turns, LazyTurns) else None
-        if turns is None:
-            turns = _packb(_turns_wire(self.turns))
-        parts += (_BIN_KEYS[4][1] + len(turns).to_bytes(4, "big"), turns, _HEADER_KEY + _packb(_header(self)))
-        return parts
 
-    def to_msgpack(self) -> bytes:
-        return b"".join(self.wire_pieces())
-
-    @classmethod
-    def from_msgpack(cls, payload: bytes) -> Trajectory:
-        wire = _split(payload)
-        if wire is None:  # not in our own field order (or schema 1): the general (copying) path
-            wire = _unpack(payload, "")
-            if isinstance(wire, dict) and isinstance(wire.get("header"), dict):
-                wire = {**wire.pop("header"), **wire}
-        return _from_wire(wire)
-
-
-# a map of 7: schema, the 4 arrays, turns, header
-_WIRE_PREFIX = b"\x87" + msgpack.packb("schema") + msgpack.packb(SCHEMA_VERSION)
-_BIN_KEYS = tuple((name, msgpack.packb(name) + b"\xc6") for name in (*ARRAYS, "turns"))  # bin32 fields, in order
-_HEADER_KEY = msgpack.packb("header")
-_packers = threading.local()  # msgpack.packb builds a Packer (and its buffer) per call; one per thread here
-
-
-def _packb(obj: Any) -> bytes:
-    try:
-        pack = _packers.pack
-    except AttributeError:
-        pack = _packers.pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-    return pack(obj)  # type: ignore[no-any-return]
-
-
-def _split(payload: bytes) -> dict[str, Any] | None:
-    """The wire map of a payload laid out as ``to_msgpack`` writes it, the arrays as views of ``payload`` and
-    the turns as :class:`LazyTurns` on it; None if it is laid out otherwise (then the general msgpack path
-    decides)."""
-    if not isinstance(payload, bytes) or not payload.startswith(_WIRE_PREFIX):
-        return None
-    view, pos, end = memoryview(payload), len(_WIRE_PREFIX), len(payload)
-    wire: dict[str, Any] = {}
-    for name, key in _BIN_KEYS:  # key + bin32 marker, then a 4-byte big-endian length, then the bytes
-        if not payload.startswith(key, pos):
-            return None
-        pos += len(key) + 4
-        size = int.from_bytes(payload[pos - 4:pos], "big")
-        if pos + size > end:
-            return None
-        wire[name] = view[pos:pos + size]
-        pos += size
-    if not payload.startswith(_HEADER_KEY, pos):
-        return None
-    header = _unpack(view[pos + len(_HEADER_KEY):], "its header does not decode: ")
-    if not isinstance(header, dict):
-        raise SchemaError(f"malformed trajectory payload: header is a {type(header).__name__}, expected a map")
-    return {**header, **wire, "schema": SCHEMA_VERSION}
-
-
-def _unpack(data: Any, what: str) -> Any:
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise SchemaError(f"not a msgpack trajectory: {what}{exc}") from exc
-
-
-def _header(t: Trajectory) -> dict[str, Any]:
+def plain_fields(t: Trajectory) -> dict[str, Any]:
     """Every field but the per-token arrays and the turns, JSON- and msgpack-ready."""
     return {
         "trajectory_id": t.trajectory_id,
@@ -353,8 +223,8 @@ def _header(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def _turns_wire(turns: Sequence[Turn]) -> list[list[Any]]:
-    """Turns as positional lists (field order of Turn, ToolCall, ToolResult)."""
+def turns_to_lists(turns: Iterable[Turn]) -> list[list[Any]]:
+    """Turns as positional lists (field order of Turn, ToolCall, ToolResult): their serialised form."""
     return [
         [
             u.index, u.text, u.token_start, u.token_end, u.observation_len,
@@ -366,44 +236,13 @@ def _turns_wire(turns: Sequence[Turn]) -> list[list[Any]]:
     ]
 
 
-def _turns_from_wire(wire: Any) -> tuple[Turn, ...]:
+def turns_from_lists(rows: Any) -> tuple[Turn, ...]:
+    """The inverse of :func:`turns_to_lists`; SchemaError if ``rows`` are not lists of turn fields."""
     try:
         return tuple([
             Turn(u[0], u[1], u[2], u[3], u[4], tuple([ToolCall(*c) for c in u[5]]),
                  tuple([ToolResult(*r) for r in u[6]]), u[7], u[8])
-            for u in wire
+            for u in rows
         ])
     except (IndexError, TypeError, ValueError) as exc:
         raise SchemaError(f"malformed trajectory payload: its turns are not lists of turn fields: {exc!r}") from exc
-
-
-def _from_wire(w: Any) -> Trajectory:
-    if not isinstance(w, dict) or "schema" not in w:
-        raise SchemaError("not a trajectory: expected a map with a 'schema' field")
-    if w["schema"] not in _READABLE_SCHEMAS:
-        raise SchemaError(
-            f"trajectory schema {w['schema']} is not supported (this agentrl reads schemas "
-            f"{', '.join(map(str, _READABLE_SCHEMAS))}); producer and consumer must run the same agentrl version"
-        )
-    try:
-        turns = w["turns"]
-        turns = LazyTurns(turns) if isinstance(turns, (bytes, memoryview)) else _turns_from_wire(turns)
-        return Trajectory(
-            trajectory_id=w["trajectory_id"],
-            prompt_id=w["prompt_id"],
-            group_id=w["group_id"],
-            token_ids=np.frombuffer(w["token_ids"], dtype="<i4"),
-            prompt_len=w["prompt_len"],
-            loss_mask=np.frombuffer(w["loss_mask"], dtype="u1"),
-            behavior_logprobs=np.frombuffer(w["behavior_logprobs"], dtype="<f4"),
-            weight_versions=np.frombuffer(w["weight_versions"], dtype="<i4"),
-            reward=w["reward"],
-            finish_reason=FinishReason(w["finish_reason"]),
-            reward_breakdown=w["reward_breakdown"],
-            turns=turns,
-            env=w["env"],
-            metadata=w["metadata"],
-            created_at=w["created_at"],
-        )
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise SchemaError(f"malformed trajectory payload: {exc!r}") from exc

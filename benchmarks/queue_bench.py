@@ -41,7 +41,7 @@ from typing import Any
 
 import redis.asyncio
 
-from agentrl.queue import EmbeddedRedis, TrajectoryQueue, make_client
+from agentrl.queue import EmbeddedRedis, TrajectoryQueue, codec, make_client
 from agentrl.types import FinishReason, ToolCall, ToolResult, Trajectory, Turn
 
 #: the embedded server as agentrl runs it (append-only file, fsync every second), minus automatic AOF rewrites: a
@@ -130,19 +130,17 @@ async def run_queue(client: redis.asyncio.Redis, stream: str, trajectories: list
 
 @contextlib.contextmanager
 def codec_cached(trajectories: list[Trajectory], payloads: list[bytes]) -> Iterator[None]:
-    """Make Trajectory.to_msgpack/from_msgpack dictionary look-ups, to measure the queue's transport alone."""
+    """Make the queue's codec (``agentrl.queue.codec``) dictionary look-ups, to measure its transport alone."""
     by_id = dict(zip((t.trajectory_id for t in trajectories), payloads))
     by_payload = {p[:96]: t for t, p in zip(trajectories, payloads)}  # the prefix holds the trajectory id
-    to_msgpack, pieces = Trajectory.to_msgpack, Trajectory.wire_pieces
-    from_msgpack = Trajectory.__dict__["from_msgpack"]
-    Trajectory.to_msgpack = lambda self: by_id[self.trajectory_id]  # type: ignore[method-assign]
-    Trajectory.wire_pieces = lambda self: [by_id[self.trajectory_id]]  # type: ignore[method-assign]
-    Trajectory.from_msgpack = classmethod(lambda cls, payload: by_payload[payload[:96]])  # type: ignore[assignment]
+    saved = codec.to_msgpack, codec.wire_pieces, codec.from_msgpack
+    codec.to_msgpack = lambda t: by_id[t.trajectory_id]  # type: ignore[assignment]
+    codec.wire_pieces = lambda t: [by_id[t.trajectory_id]]  # type: ignore[assignment]
+    codec.from_msgpack = lambda payload: by_payload[payload[:96]]  # type: ignore[assignment]
     try:
         yield
     finally:
-        Trajectory.to_msgpack, Trajectory.wire_pieces = to_msgpack, pieces  # type: ignore[method-assign]
-        Trajectory.from_msgpack = from_msgpack  # type: ignore[method-assign]
+        codec.to_msgpack, codec.wire_pieces, codec.from_msgpack = saved  # type: ignore[assignment]
 
 
 async def run_transport(client: redis.asyncio.Redis, stream: str, trajectories: list[Trajectory],
@@ -159,7 +157,7 @@ def _side(role: str, kind: str, url: str, stream: str, n: int, batch: int, barri
         client = make_client(url) if kind == "queue" else redis.asyncio.Redis.from_url(url)
         rng = random.Random(0)
         trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)] if role == "producer" else []
-        payloads = [t.to_msgpack() for t in trajectories] if kind == "raw" else []
+        payloads = [codec.to_msgpack(t) for t in trajectories] if kind == "raw" else []
         q = TrajectoryQueue(client, stream, consumer="c")
         if kind == "raw":
             with contextlib.suppress(redis.exceptions.ResponseError):  # BUSYGROUP: the other side made it
@@ -198,12 +196,12 @@ def run_two_process(kind: str, url: str, stream: str, n: int, batch: int) -> flo
 def codec_ms(trajectories: list[Trajectory], reps: int = 20) -> dict[str, float]:
     """Best-of-``reps`` milliseconds per trajectory: encoding as the queue does (``wire_pieces``: agentrl's client
     sends the pieces) and into one bytes (``to_msgpack``), decoding, and decoding plus reading the turns."""
-    blobs = [t.to_msgpack() for t in trajectories]
+    blobs = [codec.to_msgpack(t) for t in trajectories]
     ops: dict[str, Callable[[], object]] = {
-        "encode": lambda: [t.wire_pieces() for t in trajectories],
-        "encode_joined": lambda: [t.to_msgpack() for t in trajectories],
-        "decode": lambda: [Trajectory.from_msgpack(b) for b in blobs],
-        "decode_turns": lambda: [len(Trajectory.from_msgpack(b).turns) for b in blobs],
+        "encode": lambda: [codec.wire_pieces(t) for t in trajectories],
+        "encode_joined": lambda: [codec.to_msgpack(t) for t in trajectories],
+        "decode": lambda: [codec.from_msgpack(b) for b in blobs],
+        "decode_turns": lambda: [len(codec.from_msgpack(b).turns) for b in blobs],
     }
     best = dict.fromkeys(ops, float("inf"))
     for _ in range(reps):
@@ -240,7 +238,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     where = pin(server_pid) if pinning else "not pinned"
     rng = random.Random(0)
     trajectories = [realistic_trajectory(rng, version=i % 4) for i in range(n)]
-    payloads = [t.to_msgpack() for t in trajectories]
+    payloads = [codec.to_msgpack(t) for t in trajectories]
     gc.collect()
     gc.freeze()  # the fixture's ~100k objects: a collection during a round would walk them, not what is measured
     client = make_client(url)
@@ -263,11 +261,11 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
             rates[name].append(n / await runs[name](stream))
             cpu = time.process_time() - cpu0 + server_cpu_s(server_pid) - srv0
             cpu_us[name].append(cpu / n * 1e6)
-            await client.delete(stream, *(f"{stream}:{k}" for k in ("versions", "ids", "payloads", "dead")))
+            await client.delete(stream, *(f"{stream}:{k}" for k in ("versions", "ids", "dead")))
     await client.aclose()
     await stock.aclose()
-    codec = codec_ms(trajectories[:200])
-    enc_ms, dec_ms = codec["encode"], codec["decode"]
+    times = codec_ms(trajectories[:200])
+    enc_ms, dec_ms = times["encode"], times["decode"]
     def ratios(name: str, base: str = "raw") -> list[float]:  # per paired round, sorted
         return sorted(q / w for q, w in zip(rates[name], rates[base]))
 
@@ -296,8 +294,8 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
                   f"{statistics.median(r):>8.2f}{f'{r[0]:.2f}-{r[-1]:.2f}':>12}{'':>13}")
         two = (f" queue_vs_raw_2proc_ratio={statistics.median(ratio['queue_2proc']):.3f}"
                f" trajectories_per_s_2proc={med['queue_2proc']:.0f}")
-    print(f"Trajectory codec per trajectory: encode {enc_ms:.3f} ms as pieces ({codec['encode_joined']:.3f} ms "
-          f"joined into one bytes), decode {dec_ms:.3f} ms ({codec['decode_turns']:.3f} ms reading the turns too; "
+    print(f"Trajectory codec per trajectory: encode {enc_ms:.3f} ms as pieces ({times['encode_joined']:.3f} ms "
+          f"joined into one bytes), decode {dec_ms:.3f} ms ({times['decode_turns']:.3f} ms reading the turns too; "
           "a trainer does not); CPU = this process + the Redis server when it is the embedded one")
     print(f"queue_vs_raw_ratio={statistics.median(ratio['queue']):.3f} trajectories_per_s={med['queue']:.0f} "
           f"queue_vs_raw_total_ratio={total['queue'] / total['raw']:.3f} "

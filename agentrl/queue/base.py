@@ -4,12 +4,12 @@ Errors (all :class:`agentrl.errors.QueueError`, an infrastructure error)::
 
     QueueError                 Redis unreachable, too old, or an operation failed after its retries
     ├── QueueFullError         put() waited longer than its timeout for the trainer to acknowledge entries
-    └── WeightVersionError     a version is unknown, was garbage-collected, or was published twice differently
+    └── WeightVersionError     a version is unknown (never published, or rewound) or was published twice
 
 Delivery contract of a :class:`TrajectoryConsumer` (see ``trajectory_queue.py`` for the Redis realisation):
 an entry is delivered to one consumer at a time and stays pending until acknowledged; ``ack`` is idempotent;
-entries of a consumer that died are handed to another one by ``reclaim``; a restarted consumer with the same
-name gets its own unacknowledged entries back from its first ``read`` calls.
+a consumer that died is restarted under the same name and gets its own unacknowledged entries back from its
+first ``read`` calls (the trainer's recovery: one reader, rank 0, with a stable name).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class QueueFullError(QueueError):
 
 
 class WeightVersionError(QueueError):
-    """A weight version is unknown, was garbage-collected, or was published twice with different content."""
+    """A weight version is unknown (never published, or rewound), or was published twice with different content."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +94,5 @@ class TrajectoryConsumer(Protocol):
     async def read(self, count: int, *, timeout_s: float) -> list[QueueEntry]: ...
 
     async def ack(self, entry_ids: Sequence[str]) -> int: ...
-
-    async def reclaim(self, min_idle_s: float, count: int) -> list[QueueEntry]: ...
-
-    async def renew(self, entry_ids: Sequence[str]) -> list[str]: ...
 
     async def aclose(self) -> None: ...

@@ -19,13 +19,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import fcntl
-import functools
 import importlib.util
 import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,10 +37,9 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import redis.asyncio
 import redis.exceptions
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from agentrl.errors import ConfigError, QueueError
+from agentrl.queue._connection import make_client
 
 log = logging.getLogger(__name__)
 
@@ -257,144 +254,6 @@ async def connect_redis(url: str | None = None, data_dir: Path | None = None, *,
             embedded.stop()
         raise
     return RedisHandle(client=client, url=url, version=version, embedded=embedded)
-
-
-def make_client(url: str, *, connect_timeout_s: float = 10.0) -> redis.asyncio.Redis:
-    """An asyncio client for the queue and registry: binary replies, no socket read timeout (blocking reads
-    are bounded by asyncio.timeout instead), and one immediate reconnect — the RetryPolicy of the queue and the
-    registry is the retry layer, so redis-py's own backoff (10 tries by default) would only multiply it.
-    Its connections take :class:`Pieces` arguments (sent piece by piece, never joined) and, before Python 3.12,
-    write large commands piece by piece (:class:`_PieceWriter`)."""
-    pool = redis.asyncio.ConnectionPool.from_url(url, socket_connect_timeout=connect_timeout_s, socket_timeout=None,
-                                                 retry=Retry(NoBackoff(), 1))
-    pool.connection_class = _piece_sending(pool.connection_class, sys.version_info < (3, 12))
-    client = redis.asyncio.Redis(connection_pool=pool)
-    client.auto_close_connection_pool = True  # as from_url: aclose() closes the pool it made
-    return client
-
-
-class Pieces:
-    """One bulk-string argument of a Redis command given as consecutive byte buffers (bytes, or C-contiguous
-    memoryviews: cast to bytes ``B`` here), e.g. :meth:`agentrl.types.Trajectory.wire_pieces`: a client of :func:`make_client` sends
-    them one after another and never joins them (see :func:`sends_pieces`)."""
-
-    __slots__ = ("parts", "nbytes")
-
-    def __init__(self, parts: list[bytes | memoryview]) -> None:
-        if any(type(p) is memoryview and p.format != "B" for p in parts):  # len() would count items, not bytes
-            parts = [p.cast("B") if type(p) is memoryview and p.format != "B" else p for p in parts]
-        self.parts = parts
-        self.nbytes = sum(map(len, parts))
-
-    def __len__(self) -> int:
-        return self.nbytes
-
-    def __bytes__(self) -> bytes:
-        return b"".join(self.parts)
-
-
-def sends_pieces(client: Any) -> bool:
-    """Whether ``client``'s connections take :class:`Pieces` arguments (clients of :func:`make_client` do)."""
-    pool = getattr(client, "connection_pool", None)
-    return bool(getattr(getattr(pool, "connection_class", None), "sends_pieces", False))
-
-
-_SMALL_PART = 2048  # bytes parts below this are joined with the command's framing
-
-
-def _pack_with_pieces(encode: Callable[[Any], bytes], args: tuple[Any, ...]) -> list[bytes | memoryview]:
-    """RESP for ``args``, a :class:`Pieces` argument as its parts: small bytes parts are joined with the
-    command's framing, the others (the arrays' memoryviews, large bytes) stay chunks of their own."""
-    if isinstance(args[0], str):  # 'CONFIG GET'-style names, as redis-py splits them
-        args = (*args[0].encode().split(), *args[1:])
-    out: list[bytes | memoryview] = []
-    buff: list[bytes] = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if type(arg) is Pieces:
-            buff.append(b"$%d\r\n" % arg.nbytes)
-            for part in arg.parts:
-                if type(part) is bytes and len(part) < _SMALL_PART:
-                    buff.append(part)
-                    continue
-                out.append(b"".join(buff))
-                out.append(part)
-                buff = []
-            buff.append(b"\r\n")
-        else:
-            value = arg if type(arg) is bytes else encode(arg)  # (redis-py's encoder: its encoding, its checks)
-            buff += (b"$%d\r\n" % len(value), value, b"\r\n")
-    out.append(b"".join(buff))
-    return out
-
-
-class _PieceWriter(asyncio.StreamWriter):
-    """``writelines`` without the copies: Python 3.11's transport joins the pieces into one bytes (a pipeline of
-    32 trajectories is 1.6 MB), then copies the part the socket did not take twice more (``data[n:]``, then into
-    its buffer). Here small pieces are joined, large ones (payloads) go to the transport as they are, as
-    memoryviews (so the unsent tail is a view, not a copy): at most one copy in Python (into the transport's
-    buffer, once the socket is full). Python 3.12's transport does the same with ``sendmsg``."""
-
-    _JOIN_BELOW = 16384
-
-    def writelines(self, data: Any) -> None:
-        transport, small = self.transport, []
-        for piece in data:
-            if len(piece) < self._JOIN_BELOW:
-                small.append(piece)
-                continue
-            if small:
-                transport.write(b"".join(small))
-                small.clear()
-            transport.write(memoryview(piece))
-        if small:
-            transport.write(b"".join(small))
-
-
-@functools.cache  # one subclass per redis-py connection class, not one per client
-def _piece_sending(base: type[Any], piece_writer: bool) -> type[Any]:
-    """``base`` (a redis-py asyncio connection class) that packs :class:`Pieces` arguments, and whose stream
-    writer is a :class:`_PieceWriter` if ``piece_writer``."""
-
-    class PieceSending(base):  # type: ignore[misc, valid-type]
-        sends_pieces = True
-
-        def pack_command(self, *args: Any) -> list[Any]:
-            if any(type(a) is Pieces for a in args):
-                return _pack_with_pieces(self.encoder.encode, args)
-            return super().pack_command(*args)  # type: ignore[no-any-return]
-
-        def pack_commands(self, commands: Any) -> list[Any]:
-            """As redis-py's (small chunks joined up to the buffer cutoff, large ones and memoryviews alone),
-            with less work per chunk: a pipeline of trajectories has hundreds."""
-            out: list[Any] = []
-            small: list[bytes] = []
-            size, cutoff, pack = 0, self._buffer_cutoff, self.pack_command
-            for cmd in commands:
-                for chunk in pack(*cmd):
-                    n = len(chunk)
-                    if n > cutoff or type(chunk) is memoryview:
-                        if small:
-                            out.append(b"".join(small))
-                            small, size = [], 0
-                        out.append(chunk)
-                        continue
-                    small.append(chunk)
-                    size += n
-                    if size > cutoff:
-                        out.append(b"".join(small))
-                        small, size = [], 0
-            if small:
-                out.append(b"".join(small))
-            return out
-
-        if piece_writer:
-            async def _connect(self) -> None:
-                await super()._connect()
-                if type(self._writer) is asyncio.StreamWriter:
-                    self._writer.__class__ = _PieceWriter  # same object and state, one method different
-
-    PieceSending.__name__ = PieceSending.__qualname__ = f"PieceSending{base.__name__}"
-    return PieceSending
 
 
 def _attach_or_start(data_dir: Path, timeout_s: float) -> tuple[str, EmbeddedRedis | None]:

@@ -2,10 +2,9 @@
 
 Lifecycle of an entry: ``put`` adds it (waiting while ``capacity`` entries are unacknowledged: backpressure,
 never a drop) → ``read`` delivers it to one consumer, where it stays *pending* → the trainer trains on it,
-commits the step, then ``ack`` deletes it. Entries of a consumer that died are taken over by another one with
-``reclaim`` (XAUTOCLAIM after ``min_idle_s``); a payload that cannot be decoded, or an entry delivered more
-than ``max_deliveries`` times, is moved to the dead-letter stream ``<stream>:dead`` with the reason (and logged,
-and counted in ``stats().dead_letters``): never lost silently, never crashing the trainer.
+commits the step, then ``ack`` deletes it. A payload that cannot be decoded (or an entry deleted behind the
+queue's back) is moved to the dead-letter stream ``<stream>:dead`` with the reason (and logged, and counted in
+``stats().dead_letters``): never lost silently, never crashing the trainer.
 
 Exactly-once training, and the trainer's queue position in a checkpoint:
 
@@ -13,10 +12,8 @@ Exactly-once training, and the trainer's queue position in a checkpoint:
 2. On resume, before the first read: ``ack(checkpoint.entry_ids)`` (idempotent; covers a crash between commit
    and ack), then ``read``: a queue whose consumer name was used before first re-delivers that consumer's own
    unacknowledged entries (read before the crash, never committed), then new ones. The consumer group itself
-   (last delivered id + pending list) is the rest of the position, and it lives in Redis (AOF).
-3. A step that may outlast ``min_idle_s`` of the other consumers' ``reclaim`` calls ``renew(ids)`` before
-   committing: it returns the ids still owned (idle time reset) — a step that lost some must not be committed,
-   those entries now belong to another consumer. Use a stable consumer name per trainer rank.
+   (last delivered id + pending list) is the rest of the position, and it lives in Redis (AOF). So the consumer
+   name must be stable across restarts (the trainer reads as ``trainer-0``).
 
 A producer's retry after a lost reply cannot duplicate: ``put`` skips trajectory ids already in the stream.
 Payloads travel inline in the stream entry; no Lua script touches them on the hot path (every key, and why:
@@ -36,16 +33,16 @@ import redis.asyncio
 import redis.exceptions
 
 from agentrl.errors import ConfigError, QueueError
-from agentrl.queue import _scripts
+from agentrl.queue import _scripts, codec
+from agentrl.queue._connection import Pieces, sends_pieces
 from agentrl.queue.base import QueueEntry, QueueFullError, QueueStats
-from agentrl.queue.redis_server import Pieces, sends_pieces
 from agentrl.queue.retry import RetryPolicy
 from agentrl.types import SchemaError, Trajectory
 
 log = logging.getLogger(__name__)
 
 _MAX_REMEMBERED = 100_000  # delivered entries whose side-table fields ack() can pass (else the server reads them)
-_RawEntry = tuple[Any, Any]  # (entry id, {field: value}) as redis-py returns it; (None, None) if deleted
+_RawEntry = tuple[Any, Any]  # (entry id, {field: value}) as redis-py returns it; fields None or {} if deleted
 _DELETED = "the entry was deleted from the stream before it was acknowledged"
 
 
@@ -55,7 +52,7 @@ class TrajectoryQueue:
 
     def __init__(self, redis_client: redis.asyncio.Redis, stream: str, *, group: str = "trainer",
                  consumer: str | None = None, capacity: int = 1024, retry: RetryPolicy | None = None,
-                 op_timeout_s: float = 30.0, max_deliveries: int = 5, full_poll_s: float = 0.05,
+                 op_timeout_s: float = 30.0, full_poll_s: float = 0.05,
                  max_batch_bytes: int = 16 << 20, dead_letter_maxlen: int = 10_000) -> None:
         if capacity < 1:
             raise ConfigError(f"queue capacity must be >= 1, got {capacity}")
@@ -65,17 +62,16 @@ class TrajectoryQueue:
                               "protocol 2 (payloads are binary msgpack); create it with the defaults")
         self._redis = redis_client
         self.stream, self.group, self.consumer, self.capacity = stream, group, consumer, capacity
-        self._payloads, self._dead = f"{stream}:payloads", f"{stream}:dead"
-        self._keys = [stream, f"{stream}:versions", f"{stream}:ids", self._payloads]
+        self._dead = f"{stream}:dead"
+        self._keys = [stream, f"{stream}:versions", f"{stream}:ids"]
         self._retry = retry or RetryPolicy()
-        self._op_timeout_s, self._max_deliveries = op_timeout_s, max_deliveries
+        self._op_timeout_s = op_timeout_s
         self._full_poll_s, self._max_batch_bytes = full_poll_s, max_batch_bytes
         self._dead_maxlen = dead_letter_maxlen
         self._admit = redis_client.register_script(_scripts.ADMIT)
         self._drop_stale = redis_client.register_script(_scripts.DROP_STALE)
         self._ack = redis_client.register_script(_scripts.ACK)
         self._dead_letter = redis_client.register_script(_scripts.DEAD_LETTER)
-        self._renew = redis_client.register_script(_scripts.RENEW)
         self._send_pieces = sends_pieces(redis_client)  # payloads go out as the trajectory's own buffers
         self._group_ready = False
         self._delivered: dict[str, tuple[bytes, bytes]] = {}  # entry id -> (trajectory id, version), until acked
@@ -89,7 +85,7 @@ class TrajectoryQueue:
         Raises QueueFullError after ``timeout_s`` (None: wait as long as it takes) with the ids that got in.
         """
         await self._ensure_group()
-        encode = _as_pieces if self._send_pieces else Trajectory.to_msgpack
+        encode = _as_pieces if self._send_pieces else codec.to_msgpack
         items = [(t.trajectory_id, str(_oldest_version(t)), encode(t)) for t in trajectories]
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
@@ -212,47 +208,6 @@ class TrajectoryQueue:
             self._delivered.pop(eid, None)
         return acked
 
-    async def reclaim(self, min_idle_s: float, count: int) -> list[QueueEntry]:
-        """Take over up to ``count`` entries pending (at any consumer) for at least ``min_idle_s``."""
-        consumer = self._require_consumer()
-        await self._ensure_group()
-        raw: list[_RawEntry] = []
-        start: Any = "0-0"
-        while len(raw) < count:
-            reply = await self._call(lambda s=start: self._redis.xautoclaim(
-                self.stream, self.group, consumer, int(min_idle_s * 1000), start_id=s, count=count - len(raw)),
-                "reclaim")
-            raw.extend(reply[1])
-            raw.extend((i, None) for i in (reply[2] if len(reply) > 2 else ()))  # Redis 7: deleted entries
-            start = reply[0]
-            if _str(start) == "0-0":
-                break
-        if any(i is None for i, _ in raw):  # Redis 6.2 answers nil for a deleted entry (and keeps it pending)
-            raw = [(i, f) for i, f in raw if i is not None] + await self._own_deleted(consumer)
-        raw = await self._drop_poison(raw, consumer)
-        if raw:
-            log.warning("consumer %s reclaimed %d entries of %r", consumer, len(raw), self.stream)
-        return await self._decode(raw)
-
-    async def _own_deleted(self, consumer: str) -> list[_RawEntry]:
-        """This consumer's pending entries that no longer exist in the stream, as (id, None)."""
-        found: list[_RawEntry] = []
-        cursor = "0"
-        while batch := await self._xreadgroup(consumer, cursor, 1000, None):
-            found.extend((i, None) for i, fields in batch if not fields)
-            cursor = _str(batch[-1][0])
-        return found
-
-    async def renew(self, entry_ids: Sequence[str]) -> list[str]:
-        """The ids still pending at this consumer, with their idle time reset (call before committing a long
-        step). Ids missing from the answer were reclaimed by another consumer or acknowledged."""
-        consumer = self._require_consumer()
-        args = [self.group, consumer, *entry_ids]
-        owned = [_str(i) for i in await self._call(lambda: self._renew(keys=[self.stream], args=args), "renew")]
-        for lost in set(entry_ids) - set(owned):
-            self._delivered.pop(lost, None)
-        return owned
-
     async def stats(self) -> QueueStats:
         """Length, pending, oldest age, per-version counts and dead letters, from one MULTI."""
         await self._ensure_group()
@@ -312,23 +267,19 @@ class TrajectoryQueue:
         return list(reply[0][1]) if reply else []
 
     async def _decode(self, raw: list[_RawEntry], *, recovered: bool = False) -> list[QueueEntry]:
-        payloads = await self._payloads_of(raw)
         good: list[QueueEntry] = []
         bad: list[tuple[str, str]] = []
         for entry_id, fields in raw:
-            if entry_id is None:
-                continue  # Redis 6.2 XAUTOCLAIM of a deleted entry: nothing left to identify or keep
             eid = _str(entry_id)
             if not fields:  # redis-py turns the nil of a deleted entry into None or {}
                 bad.append((eid, _DELETED))
                 continue
-            payload = fields.get(b"t", payloads.get(entry_id))
+            payload = fields.get(b"t")
             if payload is None:
-                bad.append((eid, (f"no payload: neither a 't' field nor {self._payloads!r}[i] "
-                                 f"(fields were {sorted(map(_str, fields))})")))
+                bad.append((eid, f"no payload: no 't' field (fields were {sorted(map(_str, fields))})"))
                 continue
             try:
-                good.append(QueueEntry(eid, Trajectory.from_msgpack(payload)))
+                good.append(QueueEntry(eid, codec.from_msgpack(payload)))
             except SchemaError as exc:
                 bad.append((eid, str(exc)))
                 continue
@@ -341,45 +292,13 @@ class TrajectoryQueue:
                      self.consumer, len(good), self.stream)
         return good
 
-    async def _payloads_of(self, raw: list[_RawEntry]) -> dict[Any, bytes | None]:
-        """Payloads of entries an earlier build of the queue kept beside the stream (S:payloads), in one HMGET."""
-        need = [(eid, fields[b"i"]) for eid, fields in raw if eid is not None and fields
-                and b"t" not in fields and b"i" in fields]
-        if not need:
-            return {}
-        values = await self._call(lambda: self._redis.hmget(self._payloads, [tid for _, tid in need]),
-                                  "read payloads")
-        return {eid: value for (eid, _), value in zip(need, values)}
-
     async def _move_to_dead_letters(self, bad: list[tuple[str, str]]) -> None:
         for eid, why in bad:
             log.error("queue %r: entry %s moved to %r: %s", self.stream, eid, self._dead, why)
         args: list[Any] = [self.group, self.consumer or "", self._dead_maxlen]
-        for eid, why in bad:  # a deleted entry may no longer be pending either (Redis 7 XAUTOCLAIM): force it
-            args.extend((eid, why, "1" if why == _DELETED else "0"))
+        for eid, why in bad:
+            args.extend((eid, why))
         await self._call(lambda: self._dead_letter(keys=[*self._keys, self._dead], args=args), "dead-letter")
-
-    async def _drop_poison(self, raw: list[_RawEntry], consumer: str) -> list[_RawEntry]:
-        """Dead-letter claimed entries delivered more than ``max_deliveries`` times (they keep killing trainers)."""
-        ids = [_str(i) for i, _ in raw if i is not None]
-        if not ids or self._max_deliveries <= 0:
-            return raw
-
-        async def deliveries() -> list[Any]:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for i in ids:
-                    pipe.xpending_range(self.stream, self.group, i, i, 1, consumer)
-                return await pipe.execute()
-
-        counts = {i: int(r[0]["times_delivered"]) for i, r in zip(ids, await self._call(deliveries, "xpending"))
-                  if r}
-        poison = [i for i in ids if counts.get(i, 0) > self._max_deliveries]
-        if poison:
-            await self._move_to_dead_letters([
-                (i, (f"delivered {counts[i]} times without being acknowledged (max_deliveries="
-                    f"{self._max_deliveries}): it may crash the trainer")) for i in poison])
-        dropped = set(poison)
-        return [(i, f) for i, f in raw if i is None or _str(i) not in dropped]
 
     async def _ensure_group(self) -> None:
         if self._group_ready:
@@ -402,7 +321,7 @@ class TrajectoryQueue:
 
 
 def _as_pieces(t: Trajectory) -> Pieces:
-    return Pieces(t.wire_pieces())
+    return Pieces(codec.wire_pieces(t))
 
 
 def _oldest_version(t: Trajectory) -> int:

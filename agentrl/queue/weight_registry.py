@@ -1,37 +1,28 @@
-"""The weight-version registry: which weights exist, which is latest, who is loading which, and their cleanup.
+"""The weight-version registry: which weights exist and which is latest.
 
 Keys under ``namespace`` N:
 
 - ``N:versions``    hash   version -> JSON record (path, step, created_at, metrics);
 - ``N:latest``      string the highest published version;
-- ``N:events``      stream one entry per publish (field ``v``), what :meth:`WeightRegistry.wait_for` blocks on;
-- ``N:leases``      zset   ``"<version>:<lease id>"`` scored by expiry (server ms): versions being loaded;
-- ``N:gc_pending``  hash   versions unregistered by gc whose files the ``delete`` callable has not yet removed.
+- ``N:events``      stream one entry per publish (field ``v``), what :meth:`WeightRegistry.wait_for` blocks on.
 
 ``wait_for`` cannot miss a publish: it notes the last event id *before* reading ``latest``, then blocks on events
 after that id; a publish sets ``latest`` and appends its event atomically, so it is seen by one or the other.
-``gc`` unregisters a version (atomically with the check that no live lease holds it) *before* deleting its files,
-and a lease can only be taken on a registered version: files are never deleted under a loader. Leases expire
-(``ttl_s``, renewed in the background while held), so a loader that dies does not pin a version forever.
+Deleting the files of old versions is the trainer's job (it keeps the newest few); the registry only records them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio
 
-from agentrl.errors import QueueError
 from agentrl.queue.base import WeightVersion, WeightVersionError
 from agentrl.queue.retry import RetryPolicy
 
@@ -41,8 +32,6 @@ log = logging.getLogger(__name__)
 class VersionWaitTimeout(WeightVersionError, TimeoutError):
     """``wait_for`` saw no version >= the one asked for within its timeout."""
 
-
-_SERVER_MS = "local t = redis.call('TIME'); local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 
 # KEYS: versions, latest, events.  ARGV: version, record, record prefix up to the path (see _dump).
 # -> {1, record} published | {0, existing record} (same version, other path)
@@ -63,34 +52,6 @@ if not v then return false end
 return {v, redis.call('HGET', KEYS[1], v)}
 """
 
-# KEYS: versions, leases.  ARGV: version, lease id, ttl ms.  -> record | false (version not registered)
-_ACQUIRE = _SERVER_MS + """
-local rec = redis.call('HGET', KEYS[1], ARGV[1])
-if not rec then return false end
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1] .. ':' .. ARGV[2])
-return rec
-"""
-
-# KEYS: versions, leases, latest, gc_pending.  ARGV: keep_last.  Unregisters every version that is neither among
-# the keep_last highest, nor latest, nor under a live lease; moves it to gc_pending.  -> all of gc_pending (flat)
-_GC = _SERVER_MS + """
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local leased = {}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do leased[string.match(m, '^(-?%d+):')] = true end
-local latest = redis.call('GET', KEYS[3])
-local versions = {}
-for _, v in ipairs(redis.call('HKEYS', KEYS[1])) do versions[#versions + 1] = tonumber(v) end
-table.sort(versions, function(a, b) return a > b end)
-for i, n in ipairs(versions) do
-  local v = tostring(n)
-  if i > tonumber(ARGV[1]) and not leased[v] and v ~= latest then
-    redis.call('HSET', KEYS[4], v, redis.call('HGET', KEYS[1], v))
-    redis.call('HDEL', KEYS[1], v)
-  end
-end
-return redis.call('HGETALL', KEYS[4])
-"""
-
 # KEYS: versions, latest.  ARGV: version.  Unregisters every version above it; latest becomes it (or unset when it
 # is not registered).  -> how many were unregistered
 _REWIND = """
@@ -103,8 +64,6 @@ else redis.call('DEL', KEYS[2]) end
 return n
 """
 
-DeleteFn = Callable[[WeightVersion], Awaitable[None] | None]
-
 
 class WeightRegistry:
     """Weight versions of one run in Redis (see the module docstring)."""
@@ -114,14 +73,11 @@ class WeightRegistry:
         self._redis = redis_client
         self.namespace = namespace
         self._versions, self._latest = f"{namespace}:versions", f"{namespace}:latest"
-        self._events, self._leases = f"{namespace}:events", f"{namespace}:leases"
-        self._gc_pending = f"{namespace}:gc_pending"
+        self._events = f"{namespace}:events"
         self._retry = retry or RetryPolicy()
         self._op_timeout_s = op_timeout_s
         self._publish = redis_client.register_script(_PUBLISH)
         self._get_latest = redis_client.register_script(_LATEST)
-        self._acquire = redis_client.register_script(_ACQUIRE)
-        self._gc = redis_client.register_script(_GC)
         self._rewind = redis_client.register_script(_REWIND)
 
     async def publish(self, version: int, path: str, *, step: int,
@@ -157,11 +113,11 @@ class WeightRegistry:
         return _load(int(reply[0]), reply[1])
 
     async def get(self, version: int) -> WeightVersion:
-        """The record of ``version``; WeightVersionError if it was never published or was garbage-collected."""
+        """The record of ``version``; WeightVersionError if it was never published or was rewound."""
         record = await self._call(lambda: self._redis.hget(self._versions, str(version)), "get")
         if record is None:
             raise WeightVersionError(f"weight version {version} is not registered in {self.namespace!r} (never "
-                                     "published, or garbage-collected): use latest() or a newer version")
+                                     "published, or forgotten by a rewind): use latest() or a newer version")
         return _load(version, record)
 
     async def wait_for(self, min_version: int, *, timeout_s: float) -> WeightVersion:
@@ -189,54 +145,6 @@ class WeightRegistry:
             if reply:
                 last_id = reply[0][1][-1][0]
 
-    @asynccontextmanager
-    async def lease(self, version: int, *, ttl_s: float = 60.0) -> AsyncIterator[WeightVersion]:
-        """Hold ``version`` against gc while loading it: ``async with registry.lease(v) as wv: load(wv.path)``.
-
-        Raises WeightVersionError if the version is not registered (load a newer one). The lease is renewed
-        every ``ttl_s / 3`` while held and expires ``ttl_s`` after its holder dies.
-        """
-        lease_id = uuid.uuid4().hex
-        wv = await self._take(version, lease_id, ttl_s)
-        renewer = asyncio.create_task(self._keep(version, lease_id, ttl_s), name=f"lease-{version}-{lease_id}")
-        try:
-            yield wv
-        finally:
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
-            member = f"{version}:{lease_id}"
-            await self._call(lambda: self._redis.zrem(self._leases, member), "release lease")
-
-    async def gc(self, keep_last: int, delete: DeleteFn) -> list[WeightVersion]:
-        """Unregister every version but the ``keep_last`` highest, the latest and the leased ones, then call
-        ``delete`` (async, or sync run in a thread; must tolerate files already gone) on each. Returns the versions deleted;
-        a ``delete`` that raises is logged and retried at the next gc."""
-        if keep_last < 1:
-            raise ValueError(f"gc keep_last must be >= 1 (the latest version is always kept), got {keep_last}")
-        keys = [self._versions, self._leases, self._latest, self._gc_pending]
-        flat = await self._call(lambda: self._gc(keys=keys, args=[keep_last]), "gc")
-        deleted = []
-        for raw_v, record in sorted(zip(flat[::2], flat[1::2]), key=lambda pair: int(pair[0])):
-            wv = _load(int(raw_v), record)
-            if not await self._call(partial(self._redis.hdel, self._gc_pending, raw_v), "gc claim"):
-                continue  # another gc took it
-            try:
-                if inspect.iscoroutinefunction(delete):
-                    await delete(wv)
-                else:  # a sync delete (rmtree of gigabytes) must not stall the event loop
-                    result = await asyncio.to_thread(delete, wv)
-                    if inspect.isawaitable(result):
-                        await result
-            except Exception:
-                log.exception("deleting weight version %d at %s failed; will retry at the next gc", wv.version,
-                              wv.path)
-                await self._call(partial(self._redis.hset, self._gc_pending, raw_v, record), "gc requeue")
-                continue
-            deleted.append(wv)
-        if deleted:
-            log.info("gc deleted weight versions %s", [w.version for w in deleted])
-        return deleted
-
     async def aclose(self) -> None:
         """Nothing to release: the Redis client belongs to whoever created it (see RedisHandle)."""
 
@@ -246,22 +154,6 @@ class WeightRegistry:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.aclose()
-
-    async def _take(self, version: int, lease_id: str, ttl_s: float) -> WeightVersion:
-        args: list[Any] = [version, lease_id, int(ttl_s * 1000)]
-        record = await self._call(lambda: self._acquire(keys=[self._versions, self._leases], args=args), "lease")
-        if record is None:
-            raise WeightVersionError(f"cannot lease weight version {version} in {self.namespace!r}: it is not "
-                                     "registered (never published, or garbage-collected); load latest() instead")
-        return _load(version, record)
-
-    async def _keep(self, version: int, lease_id: str, ttl_s: float) -> None:
-        while True:
-            await asyncio.sleep(ttl_s / 3)
-            try:
-                await self._take(version, lease_id, ttl_s)
-            except QueueError:
-                log.exception("could not renew the lease on weight version %d", version)
 
     async def _call(self, op: Callable[[], Awaitable[Any]], what: str) -> Any:
         async def bounded() -> Any:

@@ -1,11 +1,10 @@
 """Rule-based rewards: verified math answers, code tests in the sandbox, format and tool-use shaping.
 
 A reward is ``async (task, RewardInput) -> RewardResult``; see :mod:`agentrl.rewards.base` for the contract
-(score vs INFRA_ERROR) and :mod:`agentrl.rewards.registry` for names and composition.
+(score vs INFRA_ERROR). An environment builds its rewards and composes them with :class:`WeightedReward`.
 """
 
 from agentrl.rewards.base import (
-    RewardFactory,
     RewardFn,
     RewardInput,
     RewardResult,
@@ -23,18 +22,15 @@ from agentrl.rewards.code import (
     parse_tests,
 )
 from agentrl.rewards.math import MathReward, Verdict, check_answer, extract_answer, is_equivalent
-from agentrl.rewards.registry import REWARDS, builtin_rewards, combine, get_reward, register_reward
 from agentrl.rewards.shaping import FormatReward, LengthPenalty, ToolCallPenalty, WeightedReward
 from agentrl.rewards.verifier import MathVerifier
 
 __all__ = [
-    "REWARDS",
     "CodeTestsReward",
     "FormatReward",
     "LengthPenalty",
     "MathReward",
     "MathVerifier",
-    "RewardFactory",
     "RewardFn",
     "RewardInput",
     "RewardResult",
@@ -47,14 +43,10 @@ __all__ = [
     "Verdict",
     "VerifierError",
     "WeightedReward",
-    "builtin_rewards",
     "check_answer",
-    "combine",
     "extract_answer",
     "extract_program",
-    "get_reward",
     "is_equivalent",
     "outputs_match",
     "parse_tests",
-    "register_reward",
 ]

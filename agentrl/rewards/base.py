@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
@@ -100,7 +100,3 @@ class RewardFn(Protocol):
     """``async (task, response) -> RewardResult``; see the module docstring. A plain async function fits."""
 
     def __call__(self, task: Task, response: RewardInput, /) -> Awaitable[RewardResult]: ...
-
-
-RewardFactory = Callable[..., RewardFn]
-"""Builds a reward function from keyword options (the registry maps names to these)."""

@@ -17,7 +17,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
 
 @pytest.fixture
 async def redis_client(redis_server: EmbeddedRedis) -> AsyncIterator[object]:
-    from agentrl.queue.redis_server import make_client
+    from agentrl.queue import make_client
 
     client = make_client(redis_server.url)
     try:

@@ -5,7 +5,6 @@
                                              after STOP_AFTER acks it reads one more batch and exits WITHOUT acking
                                              it ('abandoned <trajectory id>'), like a trainer dying mid-step
     read-and-hang URL STREAM CONSUMER COUNT  read COUNT entries, 'read <entry id> <trajectory id>', 'ready', hang
-    lease URL NAMESPACE VERSION TTL_S        hold a lease on VERSION, 'leased', hang
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import redis.asyncio
 sys.path.insert(0, str(Path(__file__).parent))
 from queue_support import make_trajectory
 
-from agentrl.queue import TrajectoryQueue, WeightRegistry
+from agentrl.queue import TrajectoryQueue
 
 
 def say(*words: object) -> None:
@@ -69,13 +68,6 @@ async def read_and_hang(url: str, stream: str, consumer: str, count: str) -> Non
         await asyncio.Event().wait()
 
 
-async def lease(url: str, namespace: str, version: str, ttl_s: str) -> None:
-    async with (redis.asyncio.Redis.from_url(url) as client,
-                WeightRegistry(client, namespace).lease(int(version), ttl_s=float(ttl_s))):
-        say("leased")
-        await asyncio.Event().wait()
-
-
 if __name__ == "__main__":
-    modes = {"produce": produce, "consume": consume, "read-and-hang": read_and_hang, "lease": lease}
+    modes = {"produce": produce, "consume": consume, "read-and-hang": read_and_hang}
     asyncio.run(modes[sys.argv[1]](*sys.argv[2:]))

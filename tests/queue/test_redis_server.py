@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio
 from queue_support import free_port, make_trajectory
 
 from agentrl.errors import ConfigError, QueueError
@@ -21,7 +19,7 @@ from agentrl.queue import (
     check_redis_version,
     connect_redis,
 )
-from agentrl.queue.redis_server import Pieces, _PieceWriter, redact_url, sends_pieces, verify_server
+from agentrl.queue.redis_server import redact_url, verify_server
 
 pytestmark = pytest.mark.redis
 
@@ -139,51 +137,3 @@ def test_unparseable_version_is_refused() -> None:
 def test_redact_url_hides_password() -> None:
     assert redact_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
     assert redact_url("unix:///tmp/x.sock") == "unix:///tmp/x.sock"
-
-
-async def test_client_writes_large_pipelines_exactly(client: redis.asyncio.Redis, name: str) -> None:
-    """make_client's connections write big commands piece by piece (before Python 3.12): several MB in one
-    pipeline, far more than a socket buffer takes at once, with values of every size around the join
-    threshold, arrive byte for byte."""
-    sizes = [0, 1, _PieceWriter._JOIN_BELOW - 1, _PieceWriter._JOIN_BELOW, 70_000, 300_000, 2_000_000]
-    values = [os.urandom(n) for n in sizes] * 2
-    async with client.pipeline(transaction=True) as pipe:
-        for k, v in enumerate(values):
-            pipe.set(f"{name}:{k}", v)
-            pipe.strlen(f"{name}:{k}")
-        replies = await pipe.execute()
-    assert replies[1::2] == [len(v) for v in values]
-    assert await client.mget([f"{name}:{k}" for k in range(len(values))]) == values
-    await client.delete(*(f"{name}:{k}" for k in range(len(values))))
-    conn = await client.connection_pool.get_connection()
-    try:
-        expected = _PieceWriter if sys.version_info < (3, 12) else asyncio.StreamWriter
-        assert type(conn._writer) is expected
-    finally:
-        await client.connection_pool.release(conn)
-
-
-async def test_pieces_arguments_arrive_as_their_parts_joined(client: redis.asyncio.Redis, name: str) -> None:
-    """A Pieces argument (e.g. a trajectory's wire pieces: small bytes and large memoryviews) is sent part by
-    part, alone, inside a command with other arguments, and in pipelines; the server stores the parts joined."""
-    import numpy as np
-
-    big = np.arange(100_000, dtype="<i4")
-    values = [Pieces([]), Pieces([b"a"]),
-              Pieces([b"head", big.data.cast("B"), b"", memoryview(os.urandom(20_000)), b"tail"]),
-              Pieces([memoryview(b"x" * 7000)[10:]]), Pieces([memoryview(big[:5000]), b"!"])]  # int32 items
-    async with client.pipeline(transaction=True) as pipe:
-        for k, v in enumerate(values):
-            pipe.xadd(f"{name}:s", {"i": str(k), "t": v, "after": "z" * 9000})
-        await pipe.execute()
-    entries = await client.xrange(f"{name}:s")
-    assert [f[b"t"] for _, f in entries] == [bytes(v) for v in values]
-    assert entries[-1][1][b"t"] == big[:5000].tobytes() + b"!" and len(values[-1]) == 20_001
-    assert all(f[b"after"] == b"z" * 9000 and f[b"i"] == str(k).encode() for k, (_, f) in enumerate(entries))
-    await client.set(f"{name}:k", values[2])  # outside a pipeline too
-    assert await client.get(f"{name}:k") == bytes(values[2]) and len(values[2]) == 400_008 + 20_000
-    await client.delete(f"{name}:s", f"{name}:k")
-    assert sends_pieces(client)
-    stock = redis.asyncio.Redis.from_url("redis://localhost:1")  # never connects: only its class is looked at
-    assert not sends_pieces(stock) and not sends_pieces(object())
-    await stock.aclose()

@@ -1,4 +1,4 @@
-"""WeightRegistry against real Redis servers: publish/latest/get, wait_for, leases and gc."""
+"""WeightRegistry against real Redis servers: publish/latest/get, rewind, wait_for."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import random
 
 import pytest
 import redis.asyncio
-from queue_support import run_worker
 
-from agentrl.queue import VersionWaitTimeout, WeightRegistry, WeightVersion, WeightVersionError
+from agentrl.queue import VersionWaitTimeout, WeightRegistry, WeightVersionError
 
 pytestmark = pytest.mark.redis
 
@@ -88,56 +87,3 @@ async def test_wait_for_times_out(client: redis.asyncio.Redis, name: str) -> Non
     with pytest.raises(VersionWaitTimeout, match="no weight version >= 2") as err:
         await reg.wait_for(2, timeout_s=0.1)
     assert isinstance(err.value, TimeoutError)
-
-
-async def test_gc_keeps_last_k_and_leased_versions(client: redis.asyncio.Redis, name: str) -> None:
-    reg = WeightRegistry(client, name)
-    for v in range(1, 6):
-        await reg.publish(v, f"/w/v{v}", step=v)
-    deleted: list[WeightVersion] = []
-    async with reg.lease(2, ttl_s=30) as loading:
-        assert loading.path == "/w/v2"
-        gone = await reg.gc(2, deleted.append)
-        assert sorted(w.version for w in gone) == [1, 3]  # 2 is being loaded, 4 and 5 are the last two
-    assert sorted(w.version for w in deleted) == [1, 3]
-    assert [w.version for w in await reg.gc(2, deleted.append)] == [2]  # released: now it goes
-    assert [w.version for w in await reg.gc(2, deleted.append)] == []
-    for v in (1, 2, 3):
-        with pytest.raises(WeightVersionError, match="not registered"):
-            async with reg.lease(v):
-                pass
-    assert (await reg.get(4)).path == "/w/v4"
-
-
-async def test_gc_retries_a_failed_delete(client: redis.asyncio.Redis, name: str) -> None:
-    reg = WeightRegistry(client, name)
-    for v in range(1, 4):
-        await reg.publish(v, f"/w/v{v}", step=v)
-
-    async def broken(wv: WeightVersion) -> None:
-        raise OSError("disk on fire")
-
-    assert await reg.gc(1, broken) == []
-    with pytest.raises(WeightVersionError):
-        await reg.get(1)  # unregistered at once: nobody can start loading it
-    assert sorted(w.version for w in await reg.gc(1, lambda wv: None)) == [1, 2]  # retried
-
-
-async def test_lease_of_a_dead_loader_expires(client: redis.asyncio.Redis, redis_url: str, name: str) -> None:
-    reg = WeightRegistry(client, name)
-    for v in range(1, 4):
-        await reg.publish(v, f"/w/v{v}", step=v)
-    loader = run_worker("lease", redis_url, name, "1", "1.0")
-    try:
-        assert loader.stdout is not None and loader.stdout.readline().strip() == "leased"
-        assert await reg.gc(1, lambda wv: None) != []  # 2 goes; 1 is leased
-        with pytest.raises(WeightVersionError):
-            await reg.get(2)
-        assert (await reg.get(1)).version == 1
-        loader.kill()  # dies while loading: no release
-        loader.wait(10)
-        await asyncio.sleep(1.5)  # past the lease ttl
-        assert [w.version for w in await reg.gc(1, lambda wv: None)] == [1]
-    finally:
-        loader.kill()
-        loader.wait(10)

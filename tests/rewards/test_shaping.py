@@ -1,4 +1,4 @@
-"""Shaping rewards, weighted composition and the registry."""
+"""Shaping rewards and weighted composition."""
 
 from __future__ import annotations
 
@@ -17,10 +17,6 @@ from agentrl.rewards import (
     RewardStatus,
     ToolCallPenalty,
     WeightedReward,
-    builtin_rewards,
-    combine,
-    get_reward,
-    register_reward,
 )
 from agentrl.types import FinishReason, Task, ToolCall, Turn
 
@@ -98,41 +94,14 @@ async def test_an_infrastructure_failure_voids_the_sum() -> None:
     assert "code" in result.details["error"]
 
 
-async def test_combine_by_name(verifier: MathVerifier) -> None:
-    reward = combine(
-        {"math": 1.0, "format": 0.1, "tool_call_penalty": 1.0},
-        options={"math": {"verifier": verifier}, "tool_call_penalty": {"per_call": 0.2}},
-    )
+async def test_weighted_math_format_and_penalty(verifier: MathVerifier) -> None:
+    reward = WeightedReward({"math": (MathReward(verifier=verifier), 1.0), "format": (FormatReward(), 0.1),
+                             "tool_call_penalty": (ToolCallPenalty(per_call=0.2), 1.0)})
     result = await reward(TASK, RewardInput(text=r"\boxed{4}", num_tool_calls=2, num_malformed_tool_calls=1))
     assert result.ok and result.score == pytest.approx(1.0 + 0.1 * 0.75 - 0.2)
     assert result.details["breakdown"] == {"math": 1.0, "format": 0.75, "tool_call_penalty": -0.2}
     await reward.aclose()  # must not close the caller's verifier
     assert await verifier.verify(r"\boxed{1}", "1") == "equal"
-
-
-async def test_combine_takes_ready_functions() -> None:
-    reward = combine({"const": 4.0}, rewards={"const": constant})
-    assert (await reward(TASK, RewardInput(text=""))).score == 2.0
-
-
-def test_registry_errors_name_what_is_known() -> None:
-    registry = builtin_rewards()
-    with pytest.raises(ConfigError, match="code_tests"):
-        get_reward("nope", registry=registry)
-    with pytest.raises(ConfigError, match="bad options"):
-        get_reward("format", registry=registry, colour="blue")
-    with pytest.raises(ConfigError, match="already registered"):
-        register_reward("math", FormatReward, registry=registry)
-    with pytest.raises(ConfigError, match="not in the weights"):
-        combine({"format": 1.0}, options={"math": {}}, registry=registry)
-
-
-def test_register_and_get_by_name() -> None:
-    registry = builtin_rewards()
-    register_reward("const", lambda: constant, registry=registry)
-    assert get_reward("const", registry=registry) is constant
-    lazy = get_reward("math", registry=registry, workers=1)  # the pool starts on the first check
-    assert isinstance(lazy, MathReward)
 
 
 def test_reward_input_from_turns() -> None:
