@@ -8,8 +8,9 @@
     with EvalClient("http://127.0.0.1:8000") as c:     # the same, blocking
         print(c.wait(c.submit(spec))["metrics"])
 
-Reads (GET) are retried while the server restarts (connection refused, 502/503/504); a submission is not
-(it would queue the task twice). Errors: :class:`ApiError` with the HTTP status and the server's detail.
+Reads (GET) are retried while the server restarts (connection refused, 502/503/504: ``retries`` times, the
+delay doubling from 0.25 s to 5 s, by :class:`agentrl.retry.Retry`); a submission is not (it would queue the
+task twice). Errors: :class:`ApiError` with the HTTP status and the server's detail (status 0: unreachable).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any, Self
 import httpx
 
 from agentrl.errors import AgentRLError
+from agentrl.retry import Retry
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-_RETRY_STATUS = frozenset({502, 503, 504})
+_RETRY_STATUS = frozenset({0, 502, 503, 504})  # 0: the server could not be reached
 
 
 class ApiError(AgentRLError):
@@ -55,32 +57,41 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def _unreachable(exc: httpx.TransportError, method: str, path: str) -> ApiError:
+    return ApiError(0, f"cannot reach the server: {exc!r}", method=method, url=path)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ApiError) and exc.status in _RETRY_STATUS
+
+
+def _reads_retry(retries: int) -> Retry:
+    return Retry(attempts=retries + 1, base_delay_s=0.25, max_delay_s=5.0)
+
+
 class AsyncEvalClient:
     """Async client; see the module docstring. ``transport`` is for tests (e.g. ``httpx.ASGITransport``)."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 5,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.retries = retries
+        self._retry = _reads_retry(retries)
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(token), timeout=timeout_s,
                                        transport=transport)
 
+    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            return _parse(await self._http.request(method, path, **kw))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc, method, path) from exc
+
     async def _get(self, path: str, **params: Any) -> Any:
-        for attempt in range(self.retries + 1):
-            try:
-                resp = await self._http.get(path, params=params or None)
-                if resp.status_code not in _RETRY_STATUS or attempt == self.retries:
-                    return _parse(resp)
-            except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise ApiError(0, f"cannot reach the server: {exc!r}", method="GET", url=path) from exc
-            await asyncio.sleep(min(5.0, 0.25 * 2**attempt))
+        return await self._retry.call(lambda: self._request("GET", path, params=params or None),
+                                      retry_on=_retryable, what=f"GET {path}")
 
     async def submit(self, spec: Any) -> str:
         """Queue an evaluation; returns its id."""
-        try:
-            return str(_parse(await self._http.post("/v1/evals", json=_body(spec)))["id"])
-        except httpx.TransportError as exc:
-            raise ApiError(0, f"cannot reach the server: {exc!r}", method="POST", url="/v1/evals") from exc
+        return str((await self._request("POST", "/v1/evals", json=_body(spec)))["id"])
 
     async def get(self, eval_id: str) -> dict[str, Any]:
         return dict(await self._get(f"/v1/evals/{eval_id}"))
@@ -106,10 +117,7 @@ class AsyncEvalClient:
         return list((await self._get("/v1/evals", **params))["evals"])
 
     async def cancel(self, eval_id: str) -> dict[str, Any]:
-        try:
-            return dict(_parse(await self._http.delete(f"/v1/evals/{eval_id}")))
-        except httpx.TransportError as exc:
-            raise ApiError(0, f"cannot reach the server: {exc!r}", method="DELETE", url=eval_id) from exc
+        return dict(await self._request("DELETE", f"/v1/evals/{eval_id}"))
 
     async def wait(self, eval_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
                    on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -147,25 +155,22 @@ class EvalClient:
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 5,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.retries = retries
+        self._retry = _reads_retry(retries)
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=_headers(token), timeout=timeout_s,
                                   transport=transport)
 
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            return _parse(self._http.request(method, path, **kw))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc, method, path) from exc
+
     def _get(self, path: str, **params: Any) -> Any:
-        for attempt in range(self.retries + 1):
-            try:
-                resp = self._http.get(path, params=params or None)
-                if resp.status_code not in _RETRY_STATUS or attempt == self.retries:
-                    return _parse(resp)
-            except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise ApiError(0, f"cannot reach the server: {exc!r}", method="GET", url=path) from exc
-            time.sleep(min(5.0, 0.25 * 2**attempt))
+        return self._retry.call_sync(lambda: self._request("GET", path, params=params or None),
+                                     retry_on=_retryable, what=f"GET {path}")
 
     def submit(self, spec: Any) -> str:
-        try:
-            return str(_parse(self._http.post("/v1/evals", json=_body(spec)))["id"])
-        except httpx.TransportError as exc:
-            raise ApiError(0, f"cannot reach the server: {exc!r}", method="POST", url="/v1/evals") from exc
+        return str(self._request("POST", "/v1/evals", json=_body(spec))["id"])
 
     def get(self, eval_id: str) -> dict[str, Any]:
         return dict(self._get(f"/v1/evals/{eval_id}"))
@@ -186,10 +191,7 @@ class EvalClient:
         return list(self._get("/v1/evals", **params)["evals"])
 
     def cancel(self, eval_id: str) -> dict[str, Any]:
-        try:
-            return dict(_parse(self._http.delete(f"/v1/evals/{eval_id}")))
-        except httpx.TransportError as exc:
-            raise ApiError(0, f"cannot reach the server: {exc!r}", method="DELETE", url=eval_id) from exc
+        return dict(self._request("DELETE", f"/v1/evals/{eval_id}"))
 
     def wait(self, eval_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
              on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """aiohttp client for one SGLang server's native API (``/generate`` with token ids, weight updates, control).
 
 Every call is bounded by ONE deadline (``Timeouts``) that covers its retries and backoff sleeps, so no call can
-outlive it. Only failures that cannot have had an effect are retried (connection refused, 502/503 before the
-server accepted the request, and once, at once, a pooled keep-alive connection the server had just closed; idle
+outlive it; how often and how patiently it retries is the injected :class:`agentrl.retry.Retry`. Only failures
+that cannot have had an effect are retried (connection refused, 502/503 before the server accepted the request,
+and ``stale_connection_retries`` times, at once, a pooled keep-alive connection the server had just closed; idle
 connections are dropped after ``keepalive_s`` = 4 s, before SGLang's uvicorn drops them at 5 s); the rest raise
 :class:`EngineError` naming the server and the call (:class:`EngineUnavailable` when the server could not be
 reached or dropped the connection). A ``generate`` that times out or is cancelled is also aborted on the server
@@ -31,25 +32,15 @@ from agentrl.engine.base import (
     SamplingParams,
 )
 from agentrl.errors import EngineError
+from agentrl.retry import Retry
 
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({502, 503})
 
 
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """Retry policy for calls that failed before the server could act on them."""
-
-    attempts: int = 4
-    backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
-    # a pooled keep-alive connection the server closed just as we reused it (uvicorn closes idle ones after 5 s)
-    # fails before the request reached the server: sent again at once, on a new connection, this many times
-    stale_connection_retries: int = 1
-
-    def delay(self, attempt: int) -> float:
-        return min(self.max_backoff_s, self.backoff_s * (2**attempt))
+class _Busy(EngineError):
+    """The server answered 502/503: it did not act on the request (retried)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +73,15 @@ class SGLangClient:
         retry: Retry = Retry(),
         max_connections: int = 256,
         keepalive_s: float = 4.0,
+        stale_connection_retries: int = 1,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeouts = timeouts
         self.retry = retry
+        # a pooled keep-alive connection the server closed just as we reused it (uvicorn closes idle ones after
+        # 5 s) fails before the request reached the server: sent again at once, on a new connection, this many
+        # times per call, apart from ``retry``'s attempts
+        self._stale_connection_retries = stale_connection_retries
         self._max_connections = max_connections
         self._keepalive_s = keepalive_s  # below the server's (SGLang/uvicorn: 5 s), so we close idle ones first
         self._session: aiohttp.ClientSession | None = None
@@ -111,36 +107,37 @@ class SGLangClient:
                               "overloaded or paused?") from exc
 
     async def _attempts(self, method: str, path: str, what: str, json: Any) -> Any:
-        last: Exception | None = None
-        stale_left = self.retry.stale_connection_retries
-        attempt = 0
-        while attempt < self.retry.attempts:
-            try:
-                async with self._http().request(method, self.url + path, json=json) as resp:
-                    body = await resp.read()
-                    if resp.status in RETRYABLE_STATUS:
-                        last = EngineError(f"{what} answered {resp.status}: {body[:300]!r}")
-                    elif resp.status >= 400:
-                        raise EngineError(f"{what} failed with HTTP {resp.status}: "
-                                          f"{body[:500].decode(errors='replace')}")
-                    else:
-                        return _decode(body)
-            except aiohttp.ClientConnectorError as exc:  # nothing reached the server: safe to retry
-                last = exc
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if stale_left > 0:  # most likely a stale pooled connection; a dead server refuses the next try
-                    stale_left -= 1
-                    logger.debug("%s: connection dropped (%r), sending again on a new connection", what, exc)
-                    continue
-                raise EngineUnavailable(f"{what}: the server dropped the connection ({exc!r}); did it die?") from exc
-            except aiohttp.ClientError as exc:
-                raise EngineError(f"{what} failed: {exc!r}") from exc
-            if attempt + 1 < self.retry.attempts:
-                await asyncio.sleep(self.retry.delay(attempt))
-            attempt += 1
-        if isinstance(last, aiohttp.ClientConnectorError):
-            raise EngineUnavailable(f"{what}: cannot connect after {self.retry.attempts} attempts: {last!r}")
-        raise EngineError(f"{what} failed after {self.retry.attempts} attempts: {last!r}")
+        stale_left = self._stale_connection_retries
+
+        async def attempt() -> Any:
+            nonlocal stale_left
+            while True:
+                try:
+                    async with self._http().request(method, self.url + path, json=json) as resp:
+                        body = await resp.read()
+                except aiohttp.ClientConnectorError:  # nothing reached the server: the policy retries it
+                    raise
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if stale_left > 0:  # most likely a stale pooled connection; a dead server refuses the next try
+                        stale_left -= 1
+                        logger.debug("%s: connection dropped (%r), sending again on a new connection", what, exc)
+                        continue
+                    raise EngineUnavailable(f"{what}: the server dropped the connection ({exc!r}); did it die?") \
+                        from exc
+                except aiohttp.ClientError as exc:
+                    raise EngineError(f"{what} failed: {exc!r}") from exc
+                if resp.status in RETRYABLE_STATUS:
+                    raise _Busy(f"{what} answered {resp.status}: {body[:300]!r}")
+                if resp.status >= 400:
+                    raise EngineError(f"{what} failed with HTTP {resp.status}: {body[:500].decode(errors='replace')}")
+                return _decode(body)
+
+        try:
+            return await self.retry.call(attempt, retry_on=(aiohttp.ClientConnectorError, _Busy), what=what)
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnavailable(f"{what}: cannot connect after {self.retry.attempts} attempts: {exc!r}") from exc
+        except _Busy as exc:
+            raise EngineError(f"{what} failed after {self.retry.attempts} attempts: {exc}") from exc
 
     async def generate(
         self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key: str | None = None

@@ -1,7 +1,8 @@
 """A warm pool: up to ``size`` ready sandboxes made in the background, so a run does not wait for a start.
 
-Background makes that fail back off (1 s doubling to 30 s) instead of spinning; ``get`` then makes one itself
-and its error reaches the caller. Every background task is tracked and awaited by ``aclose``.
+Background makes that fail back off (``BACKOFF``: 1 s doubling to 30 s, reset by a success) instead of spinning;
+``get`` then makes one itself and its error reaches the caller. Every background task is tracked and awaited
+by ``aclose``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
+from agentrl.retry import Retry
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+BACKOFF = Retry(base_delay_s=1.0, max_delay_s=30.0)  # the pause after the k-th background make failed in a row
 
 
 class WarmPool(Generic[T]):
@@ -26,7 +30,7 @@ class WarmPool(Generic[T]):
         self._making = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._backoff_until = 0.0
-        self._backoff_s = 1.0
+        self._failures = 0  # background makes failed in a row
         self._closed = False
 
     @property
@@ -55,15 +59,14 @@ class WarmPool(Generic[T]):
         try:
             item = await self._make()
         except Exception as exc:
-            loop = asyncio.get_running_loop()
-            self._backoff_until = loop.time() + self._backoff_s
-            log.warning("%s pool: could not start a warm sandbox (retrying in %.0fs): %s", self.name,
-                        self._backoff_s, exc)
-            self._backoff_s = min(30.0, self._backoff_s * 2)
+            self._failures += 1
+            delay = BACKOFF.delay_s(self._failures)
+            self._backoff_until = asyncio.get_running_loop().time() + delay
+            log.warning("%s pool: could not start a warm sandbox (retrying in %.0fs): %s", self.name, delay, exc)
             return
         finally:
             self._making -= 1
-        self._backoff_s = 1.0
+        self._failures = 0
         self.put(item)
 
     async def get(self) -> T:

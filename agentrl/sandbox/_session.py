@@ -23,7 +23,7 @@ class Box(Protocol):
 
     conn: Conn
 
-    def oom(self) -> bool: ...
+    def oom_kills(self) -> int: ...  # how many of its processes the kernel killed for memory so far
 
     async def destroy(self) -> None: ...
 
@@ -85,7 +85,7 @@ class ReplSession:
             timed_out = True  # the CPU-time rlimit (set above the wall limit) ended it: still a time limit
         if timed_out or got.result is None:
             self._box = None
-            oom = box.oom()
+            oom = box.oom_kills() > 0
             await box.destroy()
             result = run_result(got, limits, host_timeout=timed_out, oom=oom, wall_s=wall)
             why = result.message.replace("the program", "the interpreter", 1)

@@ -7,7 +7,9 @@ Two-level status, as SandboxFusion has it:
   it: that is infrastructure, never the program's fault, and must never be scored as a wrong answer);
 - run status (:class:`RunStatus`): ``Finished | Error | TimeLimitExceeded``, ``None`` when nothing ran.
 
-Backends raise nothing for the program's failures; :class:`agentrl.errors.SandboxError` is raised only by
+Backends raise nothing for the program's failures. ``Sandbox.run`` raises nothing for the sandbox's own either
+(it could not start, died, or is unreachable): that is a ``SandboxError`` result, the same for every backend.
+:class:`agentrl.errors.SandboxError` is raised where there is no result to carry it (``Sandbox.session``) and by
 helpers that turn a ``SandboxError`` result into an exception (``RunResult.raise_for_sandbox``).
 """
 

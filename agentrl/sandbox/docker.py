@@ -10,7 +10,8 @@ timed out, broke the protocol or served ``max_uses`` runs is removed and replace
 of its own, removed when the session ends.
 
 Container-level limits (memory, pids, file size) are fixed when a container starts: there is one warm pool per
-set of them (the default ``limits``' pool is made at start, others on first use).
+set of them (the default ``limits``' pool is made at start, others on first use). The pools, the runs and the
+sessions are the shared core's (``_core.WarmSandbox``); this module says how one container starts and stops.
 """
 
 from __future__ import annotations
@@ -21,29 +22,13 @@ import logging
 import os
 import socket
 import struct
-import time
 import uuid
-from typing import Any, Self
+from typing import Any
 
-from agentrl.errors import ConfigError, SandboxError
-from agentrl.sandbox._pool import WarmPool
-from agentrl.sandbox._session import ReplSession
-from agentrl.sandbox._wire import (
-    SANDBOX_ENV,
-    Collected,
-    Conn,
-    ProtocolError,
-    check_request,
-    collect,
-    launcher_source,
-    ping,
-    repl_message,
-    run_message,
-    run_result,
-    sandbox_error,
-    start_repl,
-)
-from agentrl.sandbox.base import Limits, RunRequest, RunResult
+from agentrl.errors import SandboxError
+from agentrl.sandbox._core import WarmSandbox
+from agentrl.sandbox._wire import SANDBOX_ENV, Conn, launcher_source, ping
+from agentrl.sandbox.base import Limits
 
 
 def import_docker_sdk() -> Any:
@@ -62,10 +47,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "agentrl-sandbox:bookworm"
 LABEL = "agentrl.sandbox"
-WIPE = ("/tmp", "/dev/shm", "/dev/mqueue")
 PIDS_OVERHEAD = 2  # PID 1 (sleep) and the launcher
-MAX_POOLS = 8
-_START_ERRORS = (TimeoutError, asyncio.IncompleteReadError, ProtocolError, OSError, ConnectionError, ValueError)
 
 
 class _DemuxReader:
@@ -92,12 +74,15 @@ class _DemuxReader:
 class _DockerBox:
     """One container and the launcher exec'd into it."""
 
-    def __init__(self, container: Any, conn: Conn, writer: asyncio.StreamWriter, key: tuple[int, int, int]) -> None:
-        self.container, self.conn, self.writer, self.key = container, conn, writer, key
+    def __init__(self, container: Any, conn: Conn, writer: asyncio.StreamWriter) -> None:
+        self.container, self.conn, self.writer = container, conn, writer
         self.uses = 0
 
-    def oom(self) -> bool:
-        return False  # Docker reports OOM per container, not per process; the kill signal says enough
+    def alive(self) -> bool:
+        return True  # a dead launcher shows as a broken stream at its next run (then it is replaced once)
+
+    def oom_kills(self) -> int:
+        return 0  # Docker reports OOM per container, not per process; the kill signal says enough
 
     async def destroy(self) -> None:
         self.writer.close()
@@ -107,65 +92,33 @@ class _DockerBox:
             log.debug("removing container %s: %r", self.container.short_id, exc)
 
 
-class DockerSandbox:
+class DockerSandbox(WarmSandbox[_DockerBox]):
     """Sandbox backend on a Docker engine. Same knobs as LocalSandbox, plus ``image``, ``runtime`` (e.g.
     ``"runsc"`` for gVisor), ``limits`` (the container-level limits of the main warm pool), and the engine:
     ``base_url`` or a docker ``client`` (default: ``docker.from_env()``)."""
+
+    kind = "docker"
 
     def __init__(self, image: str = DEFAULT_IMAGE, *, max_concurrency: int = 8, pool_size: int | None = None,
                  max_sessions: int = 32, session_idle_s: float = 600.0, session_wait_s: float = 60.0,
                  limits: Limits | None = None, cpus: float = 1.0, scratch_mb: int = 64, runtime: str | None = None,
                  base_url: str | None = None, client: Any = None, start_timeout_s: float = 30.0, grace_s: float = 2.0,
                  max_uses: int = 200) -> None:
-        if max_concurrency < 1 or max_sessions < 1:
-            raise ConfigError("max_concurrency and max_sessions must be >= 1")
+        super().__init__(limits=limits or Limits(), max_concurrency=max_concurrency, pool_size=pool_size,
+                         max_sessions=max_sessions, session_idle_s=session_idle_s, session_wait_s=session_wait_s,
+                         start_timeout_s=start_timeout_s, grace_s=grace_s, max_uses=max_uses)
         self.image, self.runtime, self.cpus, self.scratch_mb = image, runtime, cpus, scratch_mb
-        self.limits = limits or Limits()
-        self.max_sessions = max_sessions
         self._client, self._base_url, self._owns_client = client, base_url, client is None
-        self._start_timeout_s, self._grace_s, self._max_uses = start_timeout_s, grace_s, max_uses
-        self._idle_s, self._session_wait_s = session_idle_s, session_wait_s
-        self._runs = asyncio.Semaphore(max_concurrency)
-        self._session_slots = asyncio.Semaphore(max_sessions)
-        self._sessions: set[ReplSession] = set()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._pool_size = pool_size or max_concurrency
-        self._pools: dict[tuple[int, int, int], WarmPool[_DockerBox]] = {}
-        self._started = asyncio.Lock()
-        self._ready = self._closed = False
 
-    @staticmethod
-    def _key(limits: Limits) -> tuple[int, int, int]:
+    def _pool_key(self, limits: Limits) -> tuple[int, int, int]:
         return (limits.memory_mb, limits.pids, limits.file_size_mb)
-
-    def _pool(self, limits: Limits) -> WarmPool[_DockerBox]:
-        """The warm pool for these container-level limits (the default limits' pool is full size; a pool for
-        other limits is made on first use, with room for two)."""
-        key = self._key(limits)
-        pool = self._pools.get(key)
-        if pool is None:
-            size = self._pool_size if key == self._key(self.limits) else min(2, self._pool_size)
-            if len(self._pools) >= MAX_POOLS:
-                size = 0  # too many distinct limits: containers for these are made per run, not kept warm
-            lim = Limits(memory_mb=limits.memory_mb, pids=limits.pids, file_size_mb=limits.file_size_mb)
-            pool = self._pools[key] = WarmPool(lambda: self._spawn(lim), _destroy, size, name="docker sandbox")
-        return pool
 
     # ------------------------------------------------------------------------------------------- set-up
 
-    async def start(self) -> DockerSandbox:
-        """Connect to the engine, check the image, remove containers left by dead owners, start one container."""
-        async with self._started:
-            if self._ready:
-                return self
-            if self._closed:
-                raise SandboxError("the docker sandbox is closed")
-            await asyncio.to_thread(self._connect)
-            pool = self._pool(self.limits)
-            pool.put(await self._spawn(self.limits))
-            pool.fill()
-            self._ready = True
-        return self
+    async def _setup(self) -> None:
+        """Connect to the engine, check the image, remove containers left by dead owners."""
+        await asyncio.to_thread(self._connect)
 
     def _connect(self) -> None:
         docker = import_docker_sdk()
@@ -235,7 +188,7 @@ class DockerSandbox:
             async with asyncio.timeout(self._start_timeout_s):
                 sock = await asyncio.to_thread(self._exec_launcher, container)
                 reader, writer = await asyncio.open_connection(sock=sock)
-                box = _DockerBox(container, Conn(_DemuxReader(reader), writer), writer, self._key(limits))
+                box = _DockerBox(container, Conn(_DemuxReader(reader), writer), writer)
                 await ping(box.conn)
         except Exception as exc:
             if writer is not None:
@@ -244,91 +197,6 @@ class DockerSandbox:
             raise SandboxError(f"the sandbox container did not start its launcher: {exc!r}") from None
         return box
 
-    # ------------------------------------------------------------------------------------------- runs
-
-    async def run(self, request: RunRequest) -> RunResult:
-        check_request(request)
-        try:
-            await self.start()
-        except SandboxError as exc:
-            return sandbox_error(str(exc))
-        t0 = time.monotonic()
-        pool = self._pool(request.limits)
-        async with self._runs:
-            for attempt in range(2):  # a warm container that died while idle is replaced once
-                try:
-                    box = await (pool.get() if attempt == 0 else self._spawn(request.limits))
-                except SandboxError as exc:
-                    return sandbox_error(str(exc), time.monotonic() - t0)
-                result = await self._run_in(box, request, t0, pool)
-                if result is not None:
-                    return result
-            return sandbox_error("the sandbox failed twice before the program started", time.monotonic() - t0)
-
-    async def _run_in(self, box: _DockerBox, request: RunRequest, t0: float,
-                      pool: WarmPool[_DockerBox]) -> RunResult | None:
-        limits, got, host_timeout, keep = request.limits, Collected(), False, False
-        message = run_message(request, cgroup_memory=True, wipe=WIPE, check_clean=True, keep=True)
-        try:
-            try:
-                async with asyncio.timeout(limits.time_s + self._grace_s):
-                    await box.conn.send(message)
-                    await collect(box.conn, limits.output_bytes, got)
-            except TimeoutError:
-                host_timeout = True
-            except (OSError, ConnectionError) as exc:
-                got.error = repr(exc)
-            if not got.started:
-                log.warning("a warm sandbox container failed before the run started: %s", got.error or "no answer")
-                return None
-            r = got.result or {}
-            box.uses += 1
-            keep = bool(r.get("clean")) and not r.get("timed_out") and box.uses < self._max_uses
-            return run_result(got, limits, host_timeout=host_timeout, oom=False, wall_s=time.monotonic() - t0)
-        finally:
-            if keep:
-                pool.put(box)
-            else:
-                pool.discard(box)
-
-    # ------------------------------------------------------------------------------------------- sessions
-
-    async def session(self, language: str = "python", limits: Limits | None = None) -> ReplSession:
-        """A persistent Python interpreter in a container of its own (raises SandboxError if none can be had)."""
-        if language != "python":
-            raise ConfigError(f"sessions run python only, got language={language!r}")
-        await self.start()
-        try:
-            async with asyncio.timeout(self._session_wait_s):
-                await self._session_slots.acquire()
-        except TimeoutError:
-            raise SandboxError(f"all {self.max_sessions} sandbox sessions stayed in use for "
-                               f"{self._session_wait_s:g}s: close finished sessions or raise max_sessions") from None
-        sess = ReplSession(self._start_repl, limits or self.limits, idle_s=self._idle_s, grace_s=self._grace_s,
-                           on_close=self._session_closed)
-        self._sessions.add(sess)
-        try:
-            await sess.start()
-        except BaseException:
-            await sess.aclose()
-            raise
-        return sess
-
-    async def _start_repl(self, limits: Limits) -> _DockerBox:
-        box = await self._pool(limits).get()
-        try:
-            async with asyncio.timeout(self._start_timeout_s):
-                await start_repl(box.conn, repl_message(limits, cgroup_memory=True))
-        except _START_ERRORS as exc:
-            await box.destroy()
-            raise SandboxError(f"the session's interpreter did not start: {exc!r}") from None
-        return box
-
-    def _session_closed(self, sess: ReplSession) -> None:
-        if sess in self._sessions:
-            self._sessions.discard(sess)
-            self._session_slots.release()
-
     # ------------------------------------------------------------------------------------------- teardown
 
     def leftover_containers(self) -> list[str]:
@@ -336,12 +204,8 @@ class DockerSandbox:
             return []
         return [c["Id"] for c in self._client.api.containers(all=True, filters={"label": f"{LABEL}={self.owner}"})]
 
-    async def aclose(self) -> None:
-        self._closed = True
-        for sess in list(self._sessions):
-            await sess.aclose(why="the sandbox was closed")
-        for pool in list(self._pools.values()):
-            await pool.aclose()
+    async def _teardown(self) -> None:
+        """Remove what is left of this sandbox's containers; close the engine client if it is ours."""
         if self._client is not None:
             try:
                 leftovers = await asyncio.to_thread(self.leftover_containers)
@@ -356,14 +220,3 @@ class DockerSandbox:
             if self._owns_client:
                 client, self._client = self._client, None
                 await asyncio.to_thread(client.close)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-async def _destroy(box: _DockerBox) -> None:
-    await box.destroy()

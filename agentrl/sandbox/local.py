@@ -17,7 +17,8 @@ A warm pool keeps ``pool_size`` sandboxes started (bubblewrap + the launcher, wa
 costs a fork in an already-running interpreter rather than a process start. Between runs the launcher kills
 every process of the sandbox, empties every writable place (``/tmp``, ``/dev/shm``, ``/dev/mqueue``) and
 checks that no process and no SysV IPC object is left; a sandbox that is not clean, timed out, or served
-``max_uses`` runs is destroyed instead of reused. A session's sandbox is never reused.
+``max_uses`` runs is destroyed instead of reused. A session's sandbox is never reused. The pool, the runs and
+the sessions are the shared core's (``_core.WarmSandbox``); this module says how one sandbox starts and stops.
 """
 
 from __future__ import annotations
@@ -27,39 +28,21 @@ import logging
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
-from typing import Self
+from typing import Any
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox._cgroup import Cgroup, CgroupTree
-from agentrl.sandbox._pool import WarmPool
-from agentrl.sandbox._session import ReplSession
-from agentrl.sandbox._wire import (
-    SANDBOX_ENV,
-    Collected,
-    Conn,
-    ProtocolError,
-    check_request,
-    collect,
-    launcher_source,
-    ping,
-    repl_message,
-    run_message,
-    run_result,
-    sandbox_error,
-    start_repl,
-)
-from agentrl.sandbox.base import Limits, RunRequest, RunResult
+from agentrl.sandbox._core import START_ERRORS, WarmSandbox
+from agentrl.sandbox._wire import SANDBOX_ENV, Conn, launcher_source, ping
+from agentrl.sandbox.base import Limits
 
 log = logging.getLogger(__name__)
 
 NOBODY = 65534
-PIDS_OVERHEAD = 3
-WIPE = ("/tmp", "/dev/shm", "/dev/mqueue")  # everything writable in the sandbox, emptied after each run  # bubblewrap (2 processes) and the launcher share the cgroup with the program
+PIDS_OVERHEAD = 3  # bubblewrap (2 processes) and the launcher share the cgroup with the program
 # Writes its own pid into each cgroup.procs given before "--", then execs the rest: the tree never runs outside.
 _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; exec "$@"'
-_START_ERRORS = (TimeoutError, asyncio.IncompleteReadError, ProtocolError, OSError, ConnectionError, ValueError)
 INSTALL_HINT = "install it with `apt-get install bubblewrap` (or run scripts/install_system.sh)"
 
 
@@ -77,9 +60,6 @@ class _LocalBox:
 
     def oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup is not None else 0
-
-    def oom(self) -> bool:
-        return self.oom_kills() > 0
 
     async def stderr_tail(self) -> str:
         assert self.proc.stderr is not None
@@ -105,11 +85,13 @@ class _LocalBox:
             await self.cgroup.remove()
 
 
-class LocalSandbox:
+class LocalSandbox(WarmSandbox[_LocalBox]):
     """Sandbox backend on bubblewrap. ``max_concurrency`` bounds concurrent runs (others wait), ``pool_size``
     sandboxes are kept warm, at most ``max_sessions`` sessions are open (``session()`` waits up to
     ``session_wait_s`` for a slot), a session idle for ``session_idle_s`` is closed. ``use_cgroups``: None uses
     them when writable, True requires them, False never uses them. ``cpus`` is each sandbox's CPU quota."""
+
+    kind = "local"
 
     def __init__(self, *, max_concurrency: int = 8, pool_size: int | None = None, max_sessions: int = 64,
                  session_idle_s: float = 600.0, session_wait_s: float = 60.0, python: str = "/usr/bin/python3",
@@ -122,57 +104,40 @@ class LocalSandbox:
         if not real.is_file() or not str(real).startswith("/usr/"):
             raise ConfigError(f"the local sandbox runs a system interpreter under /usr, got {python!r} "
                               f"({real}): apt-get install python3, or pass python='/usr/bin/python3'")
-        if max_concurrency < 1 or max_sessions < 1:
-            raise ConfigError("max_concurrency and max_sessions must be >= 1")
+        # one pool for every limit: a run's limits are set on its sandbox's cgroup and rlimits, not at its start
+        super().__init__(limits=Limits(), max_concurrency=max_concurrency, pool_size=pool_size,
+                         max_sessions=max_sessions, session_idle_s=session_idle_s, session_wait_s=session_wait_s,
+                         start_timeout_s=start_timeout_s, grace_s=grace_s, max_uses=max_uses)
         self.python, self.scratch_mb, self.cpus = python, scratch_mb, cpus
-        self._use_cgroups, self._start_timeout_s, self._grace_s = use_cgroups, start_timeout_s, grace_s
-        self._max_uses = max_uses
-        self._idle_s, self._session_wait_s, self.max_sessions = session_idle_s, session_wait_s, max_sessions
-        self._runs = asyncio.Semaphore(max_concurrency)
-        self._session_slots = asyncio.Semaphore(max_sessions)
-        self._sessions: set[ReplSession] = set()
+        self._use_cgroups = use_cgroups
         self._cgroups: CgroupTree | None = None
         self._drop: list[str] = []
         self._nproc: int | None = None
         self._argv: list[str] = []
-        self._pool_size = pool_size or max_concurrency
-        self._pool = WarmPool(self._spawn, _destroy, self._pool_size, alive=_LocalBox.alive, name="local sandbox")
-        self._started = asyncio.Lock()
-        self._ready = False
-        self._closed = False
         self._nproc_budget = 64 * (max_concurrency + max_sessions + self._pool_size) + 256
 
     # ------------------------------------------------------------------------------------------- set-up
 
-    async def start(self) -> LocalSandbox:
-        """Detect cgroups and bubblewrap's features, start one sandbox to prove it works, fill the pool."""
-        async with self._started:
-            if self._ready:
-                return self
-            if self._closed:
-                raise SandboxError("the local sandbox is closed")
-            if self._use_cgroups is not False:
-                self._cgroups = CgroupTree.detect()
-                if self._cgroups is None and self._use_cgroups:
-                    raise SandboxError("use_cgroups=True but no cgroup v1 memory/pids/cpu tree is writable here")
-                if self._cgroups is not None:
-                    await self._cgroups.sweep_stale()
-            if os.geteuid() == 0:  # drop to nobody outside the user namespace: RLIMIT_NPROC then counts
-                if not os.access("/usr/bin/setpriv", os.X_OK):
-                    raise SandboxError("the local sandbox drops root with setpriv: apt-get install util-linux")
-                self._drop = ["/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-                # RLIMIT_NPROC counts every process of uid 65534 on the host (all sandboxes, Docker's too):
-                # a backstop sized for all of them; the pids cgroup is the per-run limit.
-                self._nproc = self._nproc_budget
-            self._argv = [*self._bwrap_args(await asyncio.to_thread(_bwrap_help, self.bwrap or "bwrap")),
-                          self.python, "-I", "-c", launcher_source()]
-            self._pool.put(await self._spawn())
-            self._pool.fill()
-            self._ready = True
-            log.info("local sandbox ready (cgroups: %s, uid %s)",
-                     ",".join(self._cgroups.controllers) if self._cgroups else "none",
-                     NOBODY if self._drop else os.geteuid())
-        return self
+    async def _setup(self) -> None:
+        """Detect cgroups, the user to run as, and bubblewrap's features."""
+        if self._use_cgroups is not False:
+            self._cgroups = CgroupTree.detect()
+            if self._cgroups is None and self._use_cgroups:
+                raise SandboxError("use_cgroups=True but no cgroup v1 memory/pids/cpu tree is writable here")
+            if self._cgroups is not None:
+                await self._cgroups.sweep_stale()
+        if os.geteuid() == 0:  # drop to nobody outside the user namespace: RLIMIT_NPROC then counts
+            if not os.access("/usr/bin/setpriv", os.X_OK):
+                raise SandboxError("the local sandbox drops root with setpriv: apt-get install util-linux")
+            self._drop = ["/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+            # RLIMIT_NPROC counts every process of uid 65534 on the host (all sandboxes, Docker's too):
+            # a backstop sized for all of them; the pids cgroup is the per-run limit.
+            self._nproc = self._nproc_budget
+        self._argv = [*self._bwrap_args(await asyncio.to_thread(_bwrap_help, self.bwrap or "bwrap")),
+                      self.python, "-I", "-c", launcher_source()]
+        log.info("local sandbox: cgroups %s, uid %s",
+                 ",".join(self._cgroups.controllers) if self._cgroups else "none",
+                 NOBODY if self._drop else os.geteuid())
 
     def _bwrap_args(self, help_text: str) -> list[str]:
         args = [self.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
@@ -204,7 +169,8 @@ class LocalSandbox:
             args += ["--setenv", key, value]
         return args
 
-    async def _spawn(self) -> _LocalBox:
+    async def _spawn(self, limits: Limits) -> _LocalBox:
+        del limits  # set per run (_prepare): any warm sandbox serves any limits
         cgroup = self._cgroups.create() if self._cgroups is not None else None
         argv = ["/bin/sh", "-c", _JOIN, "sh", *(cgroup.procs_files if cgroup else []), "--", *self._drop,
                 *self._argv]
@@ -220,7 +186,7 @@ class LocalSandbox:
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 await ping(box.conn)
-        except _START_ERRORS as exc:
+        except START_ERRORS as exc:
             why = await box.stderr_tail()
             await box.destroy()
             raise SandboxError(
@@ -229,121 +195,18 @@ class LocalSandbox:
             ) from None
         return box
 
-    def _apply(self, box: _LocalBox, limits: Limits) -> None:
-        if box.cgroup is not None:
-            box.cgroup.set_limits(memory_mb=limits.memory_mb, pids=limits.pids + PIDS_OVERHEAD, cpus=self.cpus)
+    def _prepare(self, worker: _LocalBox, limits: Limits) -> None:
+        if worker.cgroup is not None:
+            worker.cgroup.set_limits(memory_mb=limits.memory_mb, pids=limits.pids + PIDS_OVERHEAD, cpus=self.cpus)
 
-    def _has_memory_cgroup(self) -> bool:
-        return self._cgroups is not None and "memory" in self._cgroups.parents
-
-    # ------------------------------------------------------------------------------------------- runs
-
-    async def run(self, request: RunRequest) -> RunResult:
-        check_request(request)
-        await self.start()
-        t0 = time.monotonic()
-        async with self._runs:
-            for attempt in range(2):  # a warm sandbox that died while idle is replaced once
-                try:
-                    box = await self._pool.get() if attempt == 0 else await self._spawn()
-                except SandboxError as exc:
-                    return sandbox_error(str(exc), time.monotonic() - t0)
-                result = await self._run_in(box, request, t0)
-                if result is not None:
-                    return result
-            return sandbox_error("the sandbox failed twice before the program started", time.monotonic() - t0)
-
-    async def _run_in(self, box: _LocalBox, request: RunRequest, t0: float) -> RunResult | None:
-        """The run's result, or None if the sandbox failed before the program started (then it is discarded)."""
-        limits, got, host_timeout, keep = request.limits, Collected(), False, False
-        message = run_message(request, cgroup_memory=self._has_memory_cgroup(), nproc=self._nproc, wipe=WIPE,
-                              check_clean=True, keep=True)
-        try:
-            try:
-                async with asyncio.timeout(limits.time_s + self._grace_s):
-                    self._apply(box, limits)
-                    oom_before = box.oom_kills()
-                    await box.conn.send(message)
-                    await collect(box.conn, limits.output_bytes, got)
-            except TimeoutError:
-                host_timeout = True
-            except (OSError, ConnectionError) as exc:
-                got.error = repr(exc)
-            if not got.started:
-                log.warning("a warm local sandbox failed before the run started: %s", got.error or "no answer")
-                return None
-            r = got.result or {}
-            box.uses += 1
-            keep = bool(r.get("clean")) and not r.get("timed_out") and box.uses < self._max_uses
-            return run_result(got, limits, host_timeout=host_timeout, oom=box.oom_kills() > oom_before,
-                              wall_s=time.monotonic() - t0)
-        finally:
-            if keep:
-                self._pool.put(box)
-            else:
-                self._pool.discard(box)
-
-    # ------------------------------------------------------------------------------------------- sessions
-
-    async def session(self, language: str = "python", limits: Limits | None = None) -> ReplSession:
-        """A persistent Python interpreter (started now; raises SandboxError if none can be had)."""
-        if language != "python":
-            raise ConfigError(f"sessions run python only, got language={language!r}")
-        await self.start()
-        try:
-            async with asyncio.timeout(self._session_wait_s):
-                await self._session_slots.acquire()
-        except TimeoutError:
-            raise SandboxError(f"all {self.max_sessions} sandbox sessions stayed in use for "
-                               f"{self._session_wait_s:g}s: close finished sessions or raise max_sessions") from None
-        sess = ReplSession(self._start_repl, limits or Limits(), idle_s=self._idle_s, grace_s=self._grace_s,
-                           on_close=self._session_closed)
-        self._sessions.add(sess)
-        try:
-            await sess.start()
-        except BaseException:
-            await sess.aclose()
-            raise
-        return sess
-
-    async def _start_repl(self, limits: Limits) -> _LocalBox:
-        box = await self._pool.get()
-        try:
-            self._apply(box, limits)
-            async with asyncio.timeout(self._start_timeout_s):
-                await start_repl(box.conn, repl_message(limits, cgroup_memory=self._has_memory_cgroup(),
-                                                        nproc=self._nproc))
-        except _START_ERRORS as exc:
-            await box.destroy()
-            raise SandboxError(f"the session's interpreter did not start: {exc!r}") from None
-        return box
-
-    def _session_closed(self, sess: ReplSession) -> None:
-        if sess in self._sessions:
-            self._sessions.discard(sess)
-            self._session_slots.release()
+    def _launch_options(self) -> dict[str, Any]:
+        return {"cgroup_memory": self._cgroups is not None and "memory" in self._cgroups.parents,
+                "nproc": self._nproc}
 
     # ------------------------------------------------------------------------------------------- teardown
 
     def leftover_cgroups(self) -> list[Path]:
         return self._cgroups.ours() if self._cgroups is not None else []
-
-    async def aclose(self) -> None:
-        self._closed = True
-        for sess in list(self._sessions):
-            await sess.aclose(why="the sandbox was closed")
-        await self._pool.aclose()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-async def _destroy(box: _LocalBox) -> None:
-    await box.destroy()
 
 
 def _bwrap_help(bwrap: str) -> str:

@@ -1,9 +1,10 @@
 """``RemoteSandbox``: the Sandbox protocol over HTTP, talking to ``agentrl sandbox serve`` (aiohttp).
 
-Retries (``retries`` times, exponential backoff from ``backoff_s``) only what is safe and retryable: a
-connection that could not be made, and answers 429/502/503/504 (the server did not run the request). A run is
-also retried after a dropped connection (a run has no lasting effect); a session cell never is (it may have
-changed the session's state). Every call has a deadline: the run's time limit plus ``timeout_s``. Failures
+Retries (``retries`` times, exponential backoff from ``backoff_s``; or an injected :class:`agentrl.retry.Retry`)
+only what is safe and retryable: a connection that could not be made, and answers 429/502/503/504 (the server
+did not run the request). A run is also retried after a dropped connection (a run has no lasting effect); a
+session cell never is (it may have changed the session's state). Every attempt has a deadline: the run's time
+limit plus ``timeout_s``; an attempt past it is not retried (the server may still be running it). Failures
 of the server or the network come back as ``SandboxError`` results (``run``) or raise ``SandboxError``
 (``session``); a request the server rejects as invalid (400/422) raises ``ConfigError``.
 """
@@ -17,6 +18,7 @@ from typing import Any, Self
 import aiohttp
 
 from agentrl.errors import ConfigError, SandboxError
+from agentrl.retry import Retry
 from agentrl.sandbox._wire import sandbox_error
 from agentrl.sandbox.base import Limits, RunRequest, RunResult
 from agentrl.sandbox.schemas import LimitsModel, ResultModel, RunModel
@@ -27,15 +29,18 @@ RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
 class _Retryable(Exception):
-    pass
+    """The call did not reach the server, or the server did not run it: safe to send again."""
 
 
 class RemoteSandbox:
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3,
-                 backoff_s: float = 0.2, max_connections: int = 64) -> None:
+                 backoff_s: float = 0.2, retry: Retry | None = None, max_connections: int = 64) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout_s, self._retries, self._backoff_s = timeout_s, retries, backoff_s
+        self._timeout_s = timeout_s
+        # retries/backoff_s: the delay doubles from backoff_s with no cap below the last one
+        self._retry = retry or Retry(attempts=retries + 1, base_delay_s=backoff_s,
+                                     max_delay_s=backoff_s * 2 ** max(0, retries - 1))
         self._max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
 
@@ -50,28 +55,26 @@ class RemoteSandbox:
     async def _call(self, method: str, path: str, body: dict[str, Any] | None, deadline_s: float, *,
                     idempotent: bool) -> Any:
         """One JSON call with retries; raises SandboxError (gave up), ConfigError (rejected as invalid)."""
-        delay, last = self._backoff_s, ""
-        for attempt in range(self._retries + 1):
-            if attempt:
-                await asyncio.sleep(delay)
-                delay *= 2
+
+        async def attempt() -> Any:
             try:
                 async with asyncio.timeout(deadline_s):
                     return await self._once(method, path, body)
-            except _Retryable as exc:
-                last = str(exc)
             except aiohttp.ClientConnectorError as exc:  # never reached the server
-                last = f"cannot connect to {self.url}: {exc}"
+                raise _Retryable(f"cannot connect to {self.url}: {exc}") from None
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                last = f"connection to {self.url} broke: {exc!r}"
-                if not idempotent:
-                    raise SandboxError(last) from None
+                broke = f"connection to {self.url} broke: {exc!r}"
+                raise (_Retryable(broke) if idempotent else SandboxError(broke)) from None
             except TimeoutError:
                 raise SandboxError(f"{method} {self.url}{path} did not answer within {deadline_s:.0f}s") from None
             except aiohttp.ClientError as exc:
                 raise SandboxError(f"{method} {self.url}{path} failed: {exc!r}") from None
-            log.debug("sandbox call %s %s failed (attempt %d): %s", method, path, attempt + 1, last)
-        raise SandboxError(f"{method} {self.url}{path} failed after {self._retries + 1} attempts: {last}")
+
+        try:
+            return await self._retry.call(attempt, retry_on=_Retryable, what=f"sandbox call {method} {path}")
+        except _Retryable as exc:
+            raise SandboxError(f"{method} {self.url}{path} failed after {self._retry.attempts} attempts: {exc}") \
+                from None
 
     async def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         async with self._client().request(method, self.url + path, json=body) as resp:

@@ -119,6 +119,6 @@ async def test_unreachable_server_is_an_engine_error_not_a_hang():
     from agentrl.engine.client import Retry
     from agentrl.engine.server import free_port
 
-    async with SGLangClient(f"http://127.0.0.1:{free_port()}", retry=Retry(attempts=2, backoff_s=0.01)) as c:
+    async with SGLangClient(f"http://127.0.0.1:{free_port()}", retry=Retry(attempts=2, base_delay_s=0.01)) as c:
         with pytest.raises(EngineError, match="after 2 attempts"):
             await c.generate([1, 2, 3], SamplingParams(max_new_tokens=1))

@@ -31,7 +31,7 @@ CALLS = {
 async def test_every_call_ends_by_its_deadline(misbehaving, mode, call):
     misbehaving.mode = mode
     # a retry policy whose backoff alone would exceed the deadline many times over
-    async with SGLangClient(misbehaving.url, timeouts=DEADLINE, retry=Retry(attempts=50, backoff_s=0.2)) as c:
+    async with SGLangClient(misbehaving.url, timeouts=DEADLINE, retry=Retry(attempts=50, base_delay_s=0.2)) as c:
         # the outer wait_for is only a safety net: the client must raise its own EngineError first
         with pytest.raises(EngineError, match="timed out") as err:
             await asyncio.wait_for(CALLS[call](c), 30)
@@ -58,7 +58,7 @@ async def test_a_reused_connection_the_server_closed_is_sent_again_on_a_new_one(
             await c.set_weight_version(v)
     assert len(misbehaving.hits) == 5 and len(misbehaving.connections) == 3  # 2 dropped reuses, 3 new connections
     async with SGLangClient(misbehaving.url, timeouts=Timeouts(control_s=20),
-                            retry=Retry(stale_connection_retries=0)) as c:
+                            stale_connection_retries=0) as c:
         await c.set_weight_version(1)
         with pytest.raises(EngineUnavailable, match="dropped the connection"):  # what the retry is for
             await c.set_weight_version(2)
@@ -67,7 +67,7 @@ async def test_a_reused_connection_the_server_closed_is_sent_again_on_a_new_one(
 async def test_idle_connections_are_closed_before_the_server_would(misbehaving):
     misbehaving.mode = "drop_reused"
     async with SGLangClient(misbehaving.url, timeouts=Timeouts(control_s=20), keepalive_s=0.2,
-                            retry=Retry(stale_connection_retries=0)) as c:
+                            stale_connection_retries=0) as c:
         await c.set_weight_version(1)
         await asyncio.sleep(0.6)  # idle longer than our keep-alive: the next call opens a new connection
         await c.set_weight_version(2)
@@ -88,3 +88,20 @@ async def test_bad_pause_mode_is_refused_before_any_request(misbehaving):
         with pytest.raises(EngineError, match="pause mode must be one of"):
             await c.pause("sideways")  # type: ignore[arg-type]
     assert misbehaving.hits == []
+
+
+async def test_busy_answers_are_retried_by_the_injected_policy_then_named(misbehaving):
+    misbehaving.mode = "503"
+    async with SGLangClient(misbehaving.url, retry=Retry(attempts=3, base_delay_s=0.01)) as c:
+        with pytest.raises(EngineError, match="failed after 3 attempts.*503") as err:
+            await c.weight_version()
+    assert not isinstance(err.value, EngineUnavailable)
+    assert misbehaving.hits == ["/model_info"] * 3
+
+
+async def test_a_refused_connection_is_retried_then_engine_unavailable():
+    from agentrl.engine.server import free_port
+
+    async with SGLangClient(f"http://127.0.0.1:{free_port()}", retry=Retry(attempts=2, base_delay_s=0.01)) as c:
+        with pytest.raises(EngineUnavailable, match="cannot connect after 2 attempts"):
+            await c.weight_version()

@@ -10,7 +10,7 @@ import pytest
 from sandbox_support import require_docker
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunStatus
+from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunStatus, Sandbox
 from agentrl.sandbox.local import LocalSandbox
 
 
@@ -61,15 +61,38 @@ async def test_warm_sandboxes_killed_while_idle_are_replaced() -> None:
         assert (r.status, r.stdout) == (RequestStatus.SUCCESS, "replaced\n"), r
 
 
-async def test_docker_without_an_engine_is_a_sandbox_error() -> None:
+def cannot_start(backend: str) -> tuple[Sandbox, str]:
+    """A backend whose start fails for real, and a word its message must hold."""
     from agentrl.sandbox.docker import DockerSandbox
 
-    sb = DockerSandbox(base_url="unix:///nonexistent/docker.sock")
-    r = await sb.run(RunRequest(code="print(1)"))
-    assert r.is_sandbox_error and "ensure_docker.sh" in r.message
-    with pytest.raises(SandboxError, match="no Docker engine"):
-        await sb.session()
-    await sb.aclose()
+    if backend == "local":
+        sb = LocalSandbox(max_concurrency=1)
+        sb.bwrap = "/bin/false"  # answers --help, then exits at once instead of starting a sandbox
+        return sb, "did not start"
+    if backend == "docker-no-engine":
+        return DockerSandbox(base_url="unix:///nonexistent/docker.sock"), "ensure_docker.sh"
+    require_docker()
+    return DockerSandbox(image="agentrl-sandbox:no-such-tag", max_concurrency=1), "build_sandbox_image.sh"
+
+
+@pytest.mark.parametrize("backend", ["local", "docker-no-engine",
+                                     pytest.param("docker-no-image", marks=pytest.mark.docker)])
+async def test_a_sandbox_that_cannot_start_answers_a_sandbox_error_result(backend: str) -> None:
+    # One behaviour for every backend: a run gets the same SandboxError result shape (never an exception, never
+    # the program's Failed), again on the next call (start is retried); session() and start() raise SandboxError.
+    sb, hint = cannot_start(backend)
+    try:
+        for _ in range(2):
+            r = await sb.run(RunRequest(code="print(1)"))
+            assert (r.status, r.run_status, r.exit_code, r.stdout, r.stderr, dict(r.files)) == \
+                (RequestStatus.SANDBOX_ERROR, None, None, "", "", {}), r
+            assert hint in r.message, r.message
+        with pytest.raises(SandboxError, match=hint):
+            await sb.session()
+        with pytest.raises(SandboxError, match=hint):
+            await sb.start()  # type: ignore[attr-defined]
+    finally:
+        await sb.aclose()
 
 
 @pytest.mark.docker
