@@ -1,15 +1,34 @@
-"""agentrl's errors: one root, two branches.
+"""agentrl's errors: one root, two branches (bad input vs failed infrastructure), and a few leaves of their own.
 
     AgentRLError
-    ├── ConfigError            bad user input: config, model name, dataset, environment options
-    └── InfrastructureError    something agentrl depends on failed; never the model's fault, never a reward of 0
-        ├── EngineError        an inference server call failed (names the server and the call)
-        ├── SandboxError       the sandbox could not run the program (not: the program failed)
-        ├── QueueError         Redis unreachable, too old, or a queue operation failed
-        └── TrainerError       the trainer process failed
+    ├── ConfigError (ValueError)   bad user input: config, model name, dataset, environment options
+    │   ├── DatasetError           data.loader: a dataset file that cannot be used as configured
+    │   └── SpecError              eval.base: a field of an evaluation spec (``loc`` names it)
+    │       └── UnknownEnvironmentError
+    ├── InfrastructureError        something agentrl depends on failed; never the model's fault, never a reward of 0
+    │   ├── EngineError            an inference server call failed (names the server and the call)
+    │   │   ├── EngineUnavailable  engine.base: the server cannot be reached or dropped the connection
+    │   │   └── EngineTimeout      engine.base: a call did not finish within its deadline
+    │   ├── SandboxError           the sandbox could not run the program (not: the program failed)
+    │   ├── RewardError            a reward could not be computed (its sandbox or checker failed): the sample
+    │   │                          has no score; the episode raises it, the scheduler retries or drops the group
+    │   ├── VerifierError          rewards.base: the math checker pool failed (a reward returns it as INFRA_ERROR)
+    │   ├── QueueError             Redis unreachable, too old, or a queue operation failed
+    │   │   ├── QueueFullError     queue.base: the queue stayed full past the producer's timeout
+    │   │   ├── AlreadyRunningError  queue.redis_server: another process runs this directory's Redis
+    │   │   └── WeightVersionError queue.base: a weight version unknown, collected, or published twice
+    │   │       └── VersionWaitTimeout (TimeoutError)  queue.weight_registry
+    │   ├── TrainerError           the trainer process failed
+    │   └── TooManyErrors          eval.runner: an evaluation's samples kept failing in a row
+    ├── SchemaError (ValueError)   types: a trajectory payload of an unknown wire schema
+    ├── ApiError                   client: the eval REST service answered an error or could not be reached
+    ├── TaskNotFound (LookupError) api.base: no evaluation task has this id
+    └── TaskLost                   api.base: this worker no longer owns the task
 
 The model's own mistakes (malformed tool calls, code that raises, a wrong answer) are not exceptions: they become
-observations or rewards.
+observations or rewards (``env.tools.ToolArgumentsError``, a ValueError outside the tree, becomes an observation).
+Reward functions report an infrastructure failure as a value (``RewardResult.infra_error``, SandboxFusion's
+two-level status); the episode turns it into :class:`RewardError`, so no trajectory carries one.
 """
 
 from __future__ import annotations
@@ -40,6 +59,10 @@ class SandboxError(InfrastructureError):
 
 class QueueError(InfrastructureError):
     """Redis is unreachable, too old, or a queue operation failed."""
+
+
+class RewardError(InfrastructureError):
+    """A reward could not be computed (its sandbox or checker failed): the sample has no score."""
 
 
 class TrainerError(InfrastructureError):

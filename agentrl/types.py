@@ -48,7 +48,6 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # the token budget (max_new_tokens or context) ran out
     MAX_TURNS = "max_turns"  # the turn or tool-call budget ran out
     ABORTED = "aborted"  # the engine aborted the request (e.g. abort-and-restart on a weight update)
-    ERROR = "error"  # infrastructure failure; such trajectories are not trained on
 
 
 @dataclass(frozen=True, slots=True)

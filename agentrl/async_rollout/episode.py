@@ -9,6 +9,7 @@ Invariants of the trajectory built here (see agentrl.types): ``token_ids`` is th
 token ids the engine returned and the observation tokens appended (never re-tokenised); ``loss_mask`` is 1 on
 engine tokens only; ``behavior_logprobs`` and ``weight_versions`` come from the engine, per token. A request the
 engine aborted (e.g. for a weight update) is continued from where it stopped, so one turn can span versions.
+Every trajectory carries a real score: a reward that could not be computed raises :class:`RewardError` instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
 from agentrl.env.base import Environment, Observation
+from agentrl.errors import RewardError
 from agentrl.rewards.base import RewardInput
 from agentrl.tokenizer import ChatTokenizer
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult, Trajectory, Turn
@@ -81,7 +83,9 @@ class EpisodeRunner:
 
     async def run(self, env: Environment, task: Task, *, env_name: str = "", group_id: str = "",
                   trajectory_id: str | None = None) -> Trajectory:
-        """Run one episode to the end and score it. Engine/sandbox failures propagate (the caller retries)."""
+        """Run one episode to the end and score it. Infrastructure failures raise (the caller retries or drops
+        the sample): engine and sandbox errors as they come, a reward that could not be computed as
+        :class:`RewardError`. A returned trajectory always has a real score."""
         messages = await env.reset(task)
         st = _State(token_ids=self.tok.encode_prompt(messages, env.tool_schemas() or None), prompt_len=0)
         st.prompt_len = len(st.token_ids)
@@ -95,18 +99,17 @@ class EpisodeRunner:
         while state is not AgentState.DONE:
             state = await (self._generate(st, env, key) if state is AgentState.GENERATE else self._act(st, env))
         result = await env.score(RewardInput.from_turns(st.turns, st.finish))
-        finish = st.finish if result.ok else FinishReason.ERROR
+        if not result.ok:  # the one place a reward's INFRA_ERROR value becomes an exception
+            raise RewardError(f"the reward of episode {tid} (task {task.id!r}) could not be computed: "
+                              f"{result.details.get('error', 'no reason given')}")
         breakdown = result.details.get("breakdown") or {env_name or env.name or "reward": result.score}
-        metadata: dict[str, object] = {"answer": task.answer}
-        if not result.ok:
-            metadata["infra_error"] = str(result.details.get("error", "reward failed"))
         return Trajectory(
             trajectory_id=tid, prompt_id=task.id, group_id=group_id or task.id,
             token_ids=st.token_ids, prompt_len=st.prompt_len, loss_mask=st.loss_mask,
             behavior_logprobs=st.logprobs, weight_versions=st.versions,
-            reward=result.score if result.ok else 0.0, finish_reason=finish,
+            reward=result.score, finish_reason=st.finish,
             reward_breakdown={k: float(v) for k, v in breakdown.items()}, turns=tuple(st.turns), env=env_name,
-            metadata=metadata,
+            metadata={"answer": task.answer},
         )
 
     def _remaining(self, st: _State) -> int:

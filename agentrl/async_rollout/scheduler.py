@@ -23,8 +23,9 @@ load the in-flight episodes that can no longer make it are restarted at once (an
 the check is restarted), up to ``max_stale_restarts`` times, then dropped and counted. Assumes one scheduler
 feeding the queue and a trainer that starts at ``initial_version`` with the queue empty.
 
-A group whose episodes hit an infrastructure failure (engine or sandbox) is retried, then dropped and counted;
-it is never queued with a made-up reward.
+A group whose episodes hit an infrastructure failure (an :class:`InfrastructureError` from the engine, the sandbox,
+or a reward that could not be computed) is retried whole, then dropped and counted; it is never queued with a
+made-up reward.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.async_rollout.staleness import StalenessManager
 from agentrl.env.base import Environment
 from agentrl.errors import AgentRLError, ConfigError, InfrastructureError
-from agentrl.types import FinishReason, Task, Trajectory
+from agentrl.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -225,11 +226,7 @@ class RolloutScheduler:
                 tasks = [tg.create_task(self._episode(task, group_id)) for _ in range(self.config.n_samples)]
         except* AgentRLError as eg:
             raise eg.exceptions[0] from None
-        group = [t.result() for t in tasks]
-        bad = [t for t in group if t.finish_reason is FinishReason.ERROR]
-        if bad:
-            raise _RewardFailed(f"a reward could not be computed: {bad[0].metadata.get('infra_error')}")
-        return group
+        return [t.result() for t in tasks]
 
     async def _episode(self, task: Task, group_id: str) -> Trajectory:
         """Run one episode; run it again from scratch whenever the weight follower restarts it."""
@@ -308,7 +305,3 @@ class RolloutScheduler:
         self.stats.reload_s.append(time.monotonic() - t0)
         logger.info("engine now serves weight version %d (%.2fs, %s)", version, time.monotonic() - t0, mode)
         await self.gate.set_version(version)
-
-
-class _RewardFailed(InfrastructureError):
-    """A reward of the group could not be computed (sandbox or checker failure): retry the group."""

@@ -31,7 +31,7 @@ from agentrl.eval.metrics import compute_metrics
 from agentrl.eval.spec import EvalSpec
 from agentrl.rewards.base import RewardInput
 from agentrl.tokenizer import ChatTokenizer
-from agentrl.types import FinishReason, Task, Trajectory
+from agentrl.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +129,6 @@ class _Run:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 logger.warning("eval sample %s:%s attempt %d failed: %s", job.item_index, job.sample_index,
                                attempts, error)
-                continue
-            if traj.finish_reason is FinishReason.ERROR:
-                error = str(traj.metadata.get("infra_error", "the reward could not be computed"))
                 continue
             return to_record(job, traj, threshold=self.spec.correct_threshold, attempts=attempts,
                              duration_s=time.monotonic() - t0, keep_trajectory=self.spec.keep_trajectories)

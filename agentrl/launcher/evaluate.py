@@ -11,7 +11,7 @@ from typing import Any
 
 from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.env.base import Environment
-from agentrl.types import FinishReason, Task, Trajectory
+from agentrl.types import Task, Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ async def evaluate(runner: EpisodeRunner, make_env: Callable[[], Environment], t
                 return exc
 
     results = list(await asyncio.gather(*(one(t) for t in tasks)))
-    good = [r for r in results if isinstance(r, Trajectory) and r.finish_reason is not FinishReason.ERROR]
+    good = [r for r in results if isinstance(r, Trajectory)]
     if out is not None:
         with open(out, "w") as f:
             for task, r in zip(tasks, results):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -33,7 +34,7 @@ from torch import Tensor
 from agentrl.trainer.base import TokenTrace
 from agentrl.trainer.config import LossAgg, LossConfig
 from agentrl.trainer.objectives import aggregation_weights, group_advantages
-from agentrl.types import FinishReason, Trajectory
+from agentrl.types import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class PreparedBatch:
     num_received: int
     dropped_stale: int = 0
     downweighted_stale: int = 0
-    dropped_invalid: int = 0  # finish_reason ERROR: infrastructure failures are never trained on
+    dropped_invalid: int = 0  # no score (a non-finite reward, e.g. a reward bug): never trained on
     staleness_mean: float = 0.0
     staleness_max: int = 0
     reward_mean: float = 0.0
@@ -141,7 +142,7 @@ def prepare_rl(trajectories: Sequence[Trajectory], *, current_version: int, cfg:
     Advantages use every valid trajectory of a group (stale ones too: their rewards are still unbiased
     baseline information); stale trajectories are then dropped or down-weighted by ``cfg.stale_policy``.
     """
-    indexed = [(i, t) for i, t in enumerate(trajectories) if t.finish_reason != FinishReason.ERROR]
+    indexed = [(i, t) for i, t in enumerate(trajectories) if math.isfinite(t.reward)]
     valid = [t for _, t in indexed]
     if not valid:
         return PreparedBatch(samples=(), num_received=len(trajectories), dropped_invalid=len(trajectories))

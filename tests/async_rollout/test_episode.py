@@ -6,9 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.errors import RewardError
 from agentrl.rewards import RewardInput, RewardResult
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult
 
@@ -140,11 +143,12 @@ def test_tool_role_observation_is_the_chat_template_delta(chat_tokenizer):
     assert chat_tokenizer.decode(ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
 
 
-async def test_reward_infrastructure_failure_marks_the_trajectory_not_zero(chat_tokenizer):
+async def test_reward_infrastructure_failure_raises_instead_of_scoring_zero(chat_tokenizer):
     class Broken(EchoToolEnv):
         async def score(self, response):
             return RewardResult.infra_error("sandbox down")
 
     engine = ScriptedEngine(chat_tokenizer, [("\\boxed{7}", EngineFinish.STOP)])
-    traj = await EpisodeRunner(engine, chat_tokenizer, SamplingParams()).run(Broken(), Task(id="p", prompt="?"))
-    assert traj.finish_reason is FinishReason.ERROR and traj.metadata["infra_error"] == "sandbox down"
+    with pytest.raises(RewardError, match="task 'p'.*sandbox down"):
+        await EpisodeRunner(engine, chat_tokenizer, SamplingParams()).run(Broken(), Task(id="p", prompt="?"))
+    assert len(engine.requests) == 1  # the episode ran; only its score is missing

@@ -146,6 +146,22 @@ async def test_a_group_hit_by_an_engine_failure_is_retried_whole(chat_tokenizer)
     assert all(len(g) == N for g in trainer.puts)
 
 
+async def test_a_group_whose_reward_could_not_be_computed_is_retried_never_queued(chat_tokenizer):
+    failed: list[str] = []
+
+    class Env(OneTurnEnv):
+        async def score(self, response):
+            if self.task.id == "t1" and len(failed) < 2:  # the checker fails twice for task t1
+                failed.append(self.task.id)
+                return RewardResult.infra_error("the math checker pool died")
+            return RewardResult.scored(1.0)
+
+    trainer, stats, _ = await run(chat_tokenizer, mode="interrupt", eta=1, steps=2, env=Env)
+    assert failed == ["t1", "t1"] and stats.groups_failed == 0 and stats.groups_queued == 2 * B
+    assert all(t.reward == 1.0 for g in trainer.puts for t in g)  # no made-up score of 0 went to the trainer
+    assert [len(g) for g in trainer.puts if g[0].prompt_id == "t1"] == [N]  # retried whole, queued once
+
+
 async def test_an_engine_that_keeps_failing_stops_the_run_with_its_error(chat_tokenizer):
     class Down(SimEngine):
         async def generate(self, ids, sampling, *, sticky_key=None):

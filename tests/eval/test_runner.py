@@ -10,7 +10,10 @@ import pytest
 from eval_support import ScriptedEngine
 
 from agentrl.eval import EvalSpec, SpecError, TooManyErrors, UnknownEnvironmentError, run_eval
+from agentrl.env.registry import Registry
+from agentrl.env.retool import ReToolEnv
 from agentrl.eval.base import SampleRecord
+from agentrl.rewards import RewardInput, RewardResult
 
 
 def spec(**kw: Any) -> EvalSpec:
@@ -119,6 +122,24 @@ async def test_failed_samples_are_retried_then_recorded_as_errors(resources, cha
     assert result.metrics["num_errors"] == 1 and result.metrics["num_samples"] == 7
     assert result.metrics["pass@4"] == 1.0  # item 1 has 3 ok samples: left out of pass@4
     assert {r.key: r.attempts for r in result.records}["1:2"] == 2
+
+
+async def test_a_reward_that_cannot_be_computed_is_an_error_sample_not_a_zero(resources, chat_tokenizer) -> None:
+    class CheckerDown(ReToolEnv):
+        async def score(self, response: RewardInput) -> RewardResult:
+            if self.task is not None and self.task.prompt.startswith("Compute"):
+                return RewardResult.infra_error("the math checker pool died")
+            return await super().score(response)
+
+    registry = Registry()
+    registry.register_env("retool", CheckerDown)
+    result = await run_eval(spec(sample_retries=1), engine=ScriptedEngine(chat_tokenizer, script),
+                            tokenizer=chat_tokenizer, resources=resources, registry=registry)
+    errors = [r for r in result.records if not r.ok]
+    assert sorted(r.key for r in errors) == [f"1:{s}" for s in range(4)]  # every sample of item 1
+    assert all(r.attempts == 2 and r.reward is None and r.correct is None for r in errors)
+    assert all("RewardError" in (r.error or "") and "math checker pool died" in (r.error or "") for r in errors)
+    assert (result.metrics["num_errors"], result.metrics["num_samples"], result.metrics["num_items"]) == (4, 4, 1)
 
 
 async def test_an_engine_that_keeps_failing_stops_the_evaluation(resources, chat_tokenizer) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from trainer_helpers import make_traj, random_batch
 
 from agentrl.trainer import LossConfig, Trace, plan_micro_batches, prepare_rl, prepare_sft
-from agentrl.types import FinishReason
 
 
 def scored(mbs):
@@ -78,12 +79,12 @@ def test_stale_samples_dropped_or_downweighted_and_counted(policy: str) -> None:
     )
 
 
-def test_error_trajectories_are_never_trained_on() -> None:
+def test_trajectories_without_a_score_are_never_trained_on() -> None:
     ok = make_traj([1, 2, 3], 1, [0, 1, 1], reward=1.0)
-    bad = make_traj([1, 2, 3], 1, [0, 1, 1], reward=0.0, finish=FinishReason.ERROR)
+    bad = make_traj([1, 2, 3], 1, [0, 1, 1], reward=math.nan)
     prep = prepare_rl([ok, bad], current_version=0, cfg=LossConfig())
     assert prep.dropped_invalid == 1 and len(prep.samples) == 1
-    assert prep.samples[0].advantage == 0.0  # the error sample is no part of the group baseline
+    assert prep.samples[0].advantage == 0.0  # the unscored sample is no part of the group baseline
 
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])

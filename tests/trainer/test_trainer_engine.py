@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,6 @@ from trainer_helpers import grouped_batch, make_traj, random_batch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.trainer import Trace, Trainer, latest_checkpoint
-from agentrl.types import FinishReason
 
 
 def hf_logprobs(model, token_ids: list[int], loss_mask: list[int]) -> torch.Tensor:
@@ -168,10 +168,10 @@ def test_kl_to_reference_starts_at_zero_and_grows(tiny_config) -> None:
     assert third.kl is not None and third.kl > 1e-6
 
 
-def test_stale_and_error_trajectories_counted(tiny_config) -> None:
+def test_stale_and_unscored_trajectories_counted(tiny_config) -> None:
     batch = random_batch(6, n=8, version=0)  # staleness 5 at version 5
     fresh = random_batch(7, n=4, version=5)  # versions 4 and 5: staleness 0 or 1
-    failed = make_traj([1, 2, 3], 1, [0, 1, 1], finish=FinishReason.ERROR)
+    failed = make_traj([1, 2, 3], 1, [0, 1, 1], reward=math.nan)
     with Trainer(tiny_config(loss={"max_staleness": 1})) as tr:
         m = tr.rl_step(batch + fresh + [failed], current_version=5)
         empty = tr.rl_step(batch, current_version=6)
