@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
 from agentrl.errors import ConfigError
+from agentrl.rewards.base import is_correct
 from agentrl.types import Task, Trajectory
 
 
@@ -28,9 +29,9 @@ def task_key(task: Task) -> str:
 
 
 def solved(trajectory: Trajectory) -> bool:
-    """An episode succeeded: its ``correct`` reward component is 1 (math, ReTool), or, for environments
-    without one, its total reward is at least 1."""
-    return trajectory.reward_breakdown.get("correct", trajectory.reward) >= 1.0
+    """An episode succeeded, by agentrl's one correctness rule (:func:`agentrl.rewards.base.is_correct`): its
+    ``correct`` reward component is 1 (math, ReTool), or, for environments without one, its reward is at least 1."""
+    return is_correct(trajectory.reward, trajectory.reward_breakdown)
 
 
 class SkipSolved(Iterator[Task]):

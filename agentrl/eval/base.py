@@ -5,9 +5,10 @@ metrics over them. Definitions (used everywhere: metrics, REST, CLI):
 
 - a sample is **ok** when its episode ran and was scored; a sample whose engine, sandbox or reward checker
   failed (after retries) is an **error**: it is recorded with its error and left out of every metric;
-- a sample is **correct** when its *correctness score* is ``>= correct_threshold`` (default 1.0). The
-  correctness score is the reward breakdown's ``correct`` component (the verifier's verdict: 1 right,
-  0 wrong) when the environment reports one, else the total reward;
+- a sample is **correct** by agentrl's one rule (:func:`agentrl.rewards.base.is_correct`, the rule training
+  uses too): its *correctness score* is ``>= correct_threshold`` (default 1.0). The correctness score is the
+  reward breakdown's ``correct`` component (the verifier's verdict: 1 right, 0 wrong) when the environment
+  reports one, else the total reward;
 - **pass@k** is the unbiased estimator of Chen et al. (2021) per item, averaged over items:
   ``pass@k = 1 - C(n - c, k) / C(n, k)`` with ``n`` ok samples of the item, ``c`` of them correct; items
   with fewer than ``k`` ok samples are left out of pass@k.
@@ -21,9 +22,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from agentrl.errors import ConfigError
-
-#: key of the reward breakdown that holds the verifier's verdict (see the module docstring)
-CORRECT_KEY = "correct"
 
 
 class SpecError(ConfigError):
@@ -43,11 +41,6 @@ class UnknownEnvironmentError(SpecError):
                          f"unknown environment {name!r}; registered environments: {', '.join(known) or 'none'}")
         self.name = name
         self.known = known
-
-
-def correctness_score(reward: float, breakdown: Mapping[str, float]) -> float:
-    """The value compared with ``correct_threshold``: ``breakdown["correct"]`` if present, else the reward."""
-    return float(breakdown[CORRECT_KEY]) if CORRECT_KEY in breakdown else float(reward)
 
 
 def finite(value: float | None) -> float | None:

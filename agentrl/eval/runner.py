@@ -23,13 +23,12 @@ from agentrl.eval.base import (
     SampleRecord,
     SpecError,
     UnknownEnvironmentError,
-    correctness_score,
     finite,
 )
 from agentrl.eval.datasets import load_tasks
 from agentrl.eval.metrics import compute_metrics
 from agentrl.eval.spec import EvalSpec
-from agentrl.rewards.base import RewardInput
+from agentrl.rewards.base import RewardInput, is_correct
 from agentrl.tokenizer import ChatTokenizer
 from agentrl.types import Task, Trajectory
 
@@ -68,7 +67,7 @@ def to_record(job: _Job, traj: Trajectory, *, threshold: float, attempts: int, d
     breakdown = {k: v for k, v in traj.reward_breakdown.items() if finite(v) is not None}
     return SampleRecord(
         item_index=job.item_index, sample_index=job.sample_index, task_id=job.task.id, status="ok",
-        reward=finite(traj.reward), correct=correctness_score(traj.reward, breakdown) >= threshold,
+        reward=finite(traj.reward), correct=is_correct(traj.reward, breakdown, threshold),
         reward_breakdown=breakdown, finish_reason=traj.finish_reason.value, num_turns=len(traj.turns),
         num_tool_calls=len(calls), num_tool_errors=bad, prompt_tokens=traj.prompt_len,
         response_tokens=traj.num_tokens - traj.prompt_len, model_tokens=traj.num_model_tokens,

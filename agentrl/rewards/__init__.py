@@ -5,11 +5,14 @@ A reward is ``async (task, RewardInput) -> RewardResult``; see :mod:`agentrl.rew
 """
 
 from agentrl.rewards.base import (
+    CORRECT_KEY,
     RewardFn,
     RewardInput,
     RewardResult,
     RewardStatus,
     VerifierError,
+    correctness_score,
+    is_correct,
 )
 from agentrl.rewards.code import (
     CodeTestsReward,
@@ -26,6 +29,7 @@ from agentrl.rewards.shaping import FormatReward, LengthPenalty, ToolCallPenalty
 from agentrl.rewards.verifier import MathVerifier
 
 __all__ = [
+    "CORRECT_KEY",
     "CodeTestsReward",
     "FormatReward",
     "LengthPenalty",
@@ -44,8 +48,10 @@ __all__ = [
     "VerifierError",
     "WeightedReward",
     "check_answer",
+    "correctness_score",
     "extract_answer",
     "extract_program",
+    "is_correct",
     "is_equivalent",
     "outputs_match",
     "parse_tests",

@@ -95,6 +95,23 @@ class RewardResult:
         return self.status is RewardStatus.OK
 
 
+#: the breakdown component that holds the verifier's verdict (1 right, 0 wrong), in environments that have one
+CORRECT_KEY = "correct"
+
+
+def correctness_score(reward: float, breakdown: Mapping[str, float]) -> float:
+    """What correctness is judged on: the breakdown's ``correct`` component (the verifier's verdict, whatever the
+    shaping terms add) when it has a finite one, else the total reward."""
+    verdict = breakdown.get(CORRECT_KEY)
+    return float(verdict) if verdict is not None and math.isfinite(verdict) else float(reward)
+
+
+def is_correct(reward: float, breakdown: Mapping[str, float], threshold: float = 1.0) -> bool:
+    """The one correctness rule (rollout pass rates, mastered prompts, held-out and API evaluations):
+    ``correctness_score(reward, breakdown) >= threshold``; the threshold is 1 except where an evaluation sets it."""
+    return correctness_score(reward, breakdown) >= threshold
+
+
 @runtime_checkable
 class RewardFn(Protocol):
     """``async (task, response) -> RewardResult``; see the module docstring. A plain async function fits."""

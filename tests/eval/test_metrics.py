@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentrl.eval import SampleRecord, compute_metrics, correctness_score, pass_at_k
+from agentrl.eval import SampleRecord, compute_metrics, pass_at_k
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
@@ -73,8 +73,3 @@ def test_no_samples_gives_none_not_zero() -> None:
     m = compute_metrics([], [1])
     assert m["mean_reward"] is None and m["pass@1"] is None and m["tool_error_rate"] is None
     assert m["num_samples"] == 0
-
-
-def test_correctness_uses_the_correct_component_when_there_is_one() -> None:
-    assert correctness_score(0.3, {"correct": 1.0, "format": -0.7}) == 1.0
-    assert correctness_score(0.75, {"tests": 0.75}) == 0.75
