@@ -10,15 +10,15 @@ from agentrl.eval.base import EvalResult, RecordCallback, SampleRecord, SpecErro
 from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
 from agentrl.eval.engines import EngineLease, EnginePool, LimitedEngine, ResolvedModel, resolve_model_spec
 from agentrl.eval.metrics import compute_metrics, pass_at_k
-from agentrl.eval.runner import TooManyErrors, check_environment, run_eval
+from agentrl.eval.runner import EvalPlan, TooManyErrors, check_environment, run_eval, run_plan
 from agentrl.eval.services import EvalServices, evaluate
 from agentrl.eval.spec import DatasetItem, DatasetSpec, EnvironmentSpec, EvalSpec, ModelSpec, SamplingSpec
 from agentrl.rewards.base import CORRECT_KEY, correctness_score, is_correct
 
 __all__ = [
     "CORRECT_KEY", "DatasetFactory", "DatasetItem", "DatasetSpec", "EngineLease", "EnginePool", "EnvironmentSpec",
-    "EvalResult", "EvalServices", "EvalSpec", "LimitedEngine", "ModelSpec", "RecordCallback", "ResolvedModel",
+    "EvalPlan", "EvalResult", "EvalServices", "EvalSpec", "LimitedEngine", "ModelSpec", "RecordCallback", "ResolvedModel",
     "SampleRecord", "SamplingSpec", "SpecError", "TooManyErrors", "UnknownEnvironmentError", "builtin_datasets",
     "check_environment", "compute_metrics", "correctness_score", "evaluate", "is_correct", "load_tasks",
-    "pass_at_k", "resolve_model_spec", "run_eval",
+    "pass_at_k", "resolve_model_spec", "run_eval", "run_plan",
 ]

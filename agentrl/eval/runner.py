@@ -1,8 +1,11 @@
 """Run an evaluation: ``samples_per_item`` episodes per item, bounded concurrency, metrics over the records.
 
-:func:`run_eval` takes everything it needs as arguments (engine, tokenizer, environment resources), so it runs
-inside the REST service, a CLI, or a training script alike. It resumes: samples given in ``completed`` are not
-run again and count in the metrics. It stops early, with the records so far, when ``cancel`` is set.
+The one evaluator of agentrl: the REST service, ``agentrl eval`` and a training run's held-out evaluation all
+run here. :func:`run_eval` runs an :class:`EvalSpec` (the REST/YAML boundary); :func:`run_plan` runs an
+:class:`EvalPlan`, the spec's in-process form (what running needs: environment, sampling, budgets, retries),
+which a caller with its own validated config builds directly. Both take everything else as arguments (engine,
+tokenizer, environment resources). A run resumes: samples given in ``completed`` are not run again and count in
+the metrics. It stops early, with the records so far, when ``cancel`` is set.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
 from agentrl.engine.base import InferenceEngine, SamplingParams
@@ -53,6 +57,40 @@ async def check_environment(spec: EvalSpec, resources: EnvResources, registry: R
 
 
 @dataclass(frozen=True, slots=True)
+class EvalPlan:
+    """How an evaluation runs its samples (the fields mean what :class:`EvalSpec`'s do). ``sampling.seed``, when
+    set, is a base: sample ``s`` of item ``i`` uses ``seed + i * samples_per_item + s``. ``None`` for
+    ``max_consecutive_errors`` or ``episode_timeout_s``: no such limit."""
+
+    env_name: str
+    sampling: SamplingParams
+    budget: EpisodeBudget
+    env_options: Mapping[str, Any] = field(default_factory=dict)
+    samples_per_item: int = 1
+    pass_k: tuple[int, ...] = (1,)
+    correct_threshold: float = 1.0
+    max_concurrency: int = 8
+    sample_retries: int = 1
+    max_consecutive_errors: int | None = 16
+    episode_timeout_s: float | None = 600.0
+    keep_trajectories: bool = True
+
+    @classmethod
+    def of(cls, spec: EvalSpec) -> EvalPlan:
+        sp = spec.sampling
+        return cls(
+            env_name=spec.environment.name, env_options=dict(spec.environment.options),
+            sampling=SamplingParams(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
+                                    top_k=sp.top_k, stop=tuple(sp.stop), seed=sp.seed),
+            budget=EpisodeBudget(max_turns=spec.max_turns, max_response_tokens=spec.max_response_tokens,
+                                 max_context_tokens=spec.max_context_tokens),
+            samples_per_item=spec.samples_per_item, pass_k=tuple(spec.pass_k),
+            correct_threshold=spec.correct_threshold, max_concurrency=spec.max_concurrency,
+            sample_retries=spec.sample_retries, max_consecutive_errors=spec.max_consecutive_errors,
+            episode_timeout_s=spec.episode_timeout_s, keep_trajectories=spec.keep_trajectories)
+
+
+@dataclass(frozen=True, slots=True)
 class _Job:
     item_index: int
     sample_index: int
@@ -88,40 +126,38 @@ def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
 
 
 class _Run:
-    """The state of one :func:`run_eval` call."""
+    """The state of one :func:`run_plan` call."""
 
-    def __init__(self, spec: EvalSpec, engine: InferenceEngine, tokenizer: ChatTokenizer, resources: EnvResources,
+    def __init__(self, plan: EvalPlan, engine: InferenceEngine, tokenizer: ChatTokenizer, resources: EnvResources,
                  registry: Registry, on_record: RecordCallback | None, limiter: asyncio.Semaphore | None,
                  id_prefix: str, keep_records: bool) -> None:
-        self.spec, self.engine, self.tok, self.resources, self.registry = spec, engine, tokenizer, resources, registry
+        self.plan, self.engine, self.tok, self.resources, self.registry = plan, engine, tokenizer, resources, registry
         self.on_record, self.limiter, self.id_prefix = on_record, limiter, id_prefix
         self.keep_records = keep_records  # False: trajectories are not held in memory (on_record has them)
         self.records: list[SampleRecord] = []
         self.failed_in_a_row = 0
-        self.local = asyncio.Semaphore(spec.max_concurrency)
+        self.local = asyncio.Semaphore(plan.max_concurrency)
 
     def _runner(self, job: _Job) -> EpisodeRunner:
-        s, sp = self.spec, self.spec.sampling
-        seed = None if sp.seed is None else sp.seed + job.item_index * s.samples_per_item + job.sample_index
-        sampling = SamplingParams(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
-                                  top_k=sp.top_k, stop=tuple(sp.stop), seed=seed)
-        budget = EpisodeBudget(max_turns=s.max_turns, max_response_tokens=s.max_response_tokens,
-                               max_context_tokens=s.max_context_tokens)
-        return EpisodeRunner(self.engine, self.tok, sampling, budget)
+        p = self.plan
+        seed = p.sampling.seed
+        if seed is not None:
+            seed += job.item_index * p.samples_per_item + job.sample_index
+        return EpisodeRunner(self.engine, self.tok, replace(p.sampling, seed=seed), p.budget)
 
     async def _episode(self, job: _Job) -> Trajectory:
-        env = self.registry.make_env(self.spec.environment.name, self.resources, **self.spec.environment.options)
+        env = self.registry.make_env(self.plan.env_name, self.resources, **self.plan.env_options)
         tid = f"{self.id_prefix}{job.item_index}-{job.sample_index}"
         async with env:
-            async with asyncio.timeout(self.spec.episode_timeout_s):
-                return await self._runner(job).run(env, job.task, env_name=self.spec.environment.name,
+            async with asyncio.timeout(self.plan.episode_timeout_s):
+                return await self._runner(job).run(env, job.task, env_name=self.plan.env_name,
                                                    group_id=f"{self.id_prefix}{job.item_index}", trajectory_id=tid)
 
     async def sample(self, job: _Job) -> SampleRecord:
         t0 = time.monotonic()
         error = ""
         attempts = 0
-        for attempts in range(1, self.spec.sample_retries + 2):
+        for attempts in range(1, self.plan.sample_retries + 2):
             try:
                 traj = await self._episode(job)
             except (InfrastructureError, TimeoutError) as exc:
@@ -129,8 +165,8 @@ class _Run:
                 logger.warning("eval sample %s:%s attempt %d failed: %s", job.item_index, job.sample_index,
                                attempts, error)
                 continue
-            return to_record(job, traj, threshold=self.spec.correct_threshold, attempts=attempts,
-                             duration_s=time.monotonic() - t0, keep_trajectory=self.spec.keep_trajectories)
+            return to_record(job, traj, threshold=self.plan.correct_threshold, attempts=attempts,
+                             duration_s=time.monotonic() - t0, keep_trajectory=self.plan.keep_trajectories)
         return SampleRecord(item_index=job.item_index, sample_index=job.sample_index, task_id=job.task.id,
                             status="error", error=error[:2000], attempts=attempts, prompt=job.task.prompt,
                             answer=job.task.answer, duration_s=round(time.monotonic() - t0, 4))
@@ -149,7 +185,8 @@ class _Run:
         if self.on_record is not None:
             await self.on_record(record)
         self.records.append(record if self.keep_records else record.without_trajectory())
-        if self.failed_in_a_row >= self.spec.max_consecutive_errors:
+        limit = self.plan.max_consecutive_errors
+        if limit is not None and self.failed_in_a_row >= limit:
             raise TooManyErrors(f"{self.failed_in_a_row} samples failed in a row; the last error: {record.error}")
 
     async def all(self, jobs: Sequence[_Job]) -> None:
@@ -170,23 +207,37 @@ async def run_eval(spec: EvalSpec, *, engine: InferenceEngine, tokenizer: ChatTo
                    on_record: RecordCallback | None = None, cancel: asyncio.Event | None = None,
                    limiter: asyncio.Semaphore | None = None, registry: Registry = default_registry,
                    keep_records: bool = True, id_prefix: str = "eval-") -> EvalResult:
-    """Run ``spec`` and return its metrics and records.
+    """Run ``spec`` and return its metrics and records: its environment is checked, its dataset loaded unless
+    ``tasks`` holds it already (any path allowed), then :func:`run_plan` runs it (see there for the rest).
+    Raises ConfigError for a bad spec."""
+    await check_environment(spec, resources, registry)
+    tasks = list(tasks) if tasks is not None else load_tasks(spec.dataset)
+    return await run_plan(EvalPlan.of(spec), tasks, engine=engine, tokenizer=tokenizer, resources=resources,
+                          completed=completed, on_record=on_record, cancel=cancel, limiter=limiter,
+                          registry=registry, keep_records=keep_records, id_prefix=id_prefix)
 
-    ``tasks``: the dataset already loaded (else loaded from ``spec.dataset``, any path allowed);
+
+async def run_plan(plan: EvalPlan, tasks: Sequence[Task], *, engine: InferenceEngine, tokenizer: ChatTokenizer,
+                   resources: EnvResources, completed: Iterable[SampleRecord] = (),
+                   on_record: RecordCallback | None = None, cancel: asyncio.Event | None = None,
+                   limiter: asyncio.Semaphore | None = None, registry: Registry = default_registry,
+                   keep_records: bool = True, id_prefix: str = "eval-") -> EvalResult:
+    """Run ``plan.samples_per_item`` episodes of each task and return the metrics and records.
+
     ``completed``: records of samples already run (resumption: they are skipped and counted);
     ``on_record``: awaited with each new record as it finishes; ``cancel``: when set, running episodes are
     cancelled and the result (status ``cancelled``) holds the records so far; ``limiter``: a semaphore shared
     with other evaluations (a global episode limit); ``keep_records``: False drops trajectories from the
     returned records (they were handed to ``on_record`` already).
 
-    Raises ConfigError for a bad spec and :class:`TooManyErrors` when ``max_consecutive_errors`` samples fail in
-    a row; a single sample's infrastructure failure is retried, then recorded as an error sample."""
+    A sample's infrastructure failure (an :class:`InfrastructureError`: engine, sandbox, or a reward that could
+    not be computed; or its episode timing out) is retried ``sample_retries`` times, then recorded as an error
+    sample, which no metric scores. Raises :class:`TooManyErrors` when ``max_consecutive_errors`` samples fail
+    in a row."""
     t0 = time.monotonic()
-    await check_environment(spec, resources, registry)
-    tasks = list(tasks) if tasks is not None else load_tasks(spec.dataset)
     done = {r.key: r for r in completed}
-    run = _Run(spec, engine, tokenizer, resources, registry, on_record, limiter, id_prefix, keep_records)
-    jobs = [_Job(i, s, task) for i, task in enumerate(tasks) for s in range(spec.samples_per_item)
+    run = _Run(plan, engine, tokenizer, resources, registry, on_record, limiter, id_prefix, keep_records)
+    jobs = [_Job(i, s, task) for i, task in enumerate(tasks) for s in range(plan.samples_per_item)
             if f"{i}:{s}" not in done]
     work = asyncio.ensure_future(run.all(jobs))
     waiters = {work} | ({asyncio.ensure_future(cancel.wait())} if cancel is not None else set())
@@ -202,6 +253,6 @@ async def run_eval(spec: EvalSpec, *, engine: InferenceEngine, tokenizer: ChatTo
         work.result()  # re-raise its error
     cancelled = not finished
     records = [*done.values(), *run.records]
-    metrics = compute_metrics(records, spec.pass_k)
+    metrics = compute_metrics(records, plan.pass_k)
     return EvalResult(status="cancelled" if cancelled else "succeeded", metrics=metrics, records=tuple(records),
-                      total=len(tasks) * spec.samples_per_item, wall_time_s=round(time.monotonic() - t0, 3))
+                      total=len(tasks) * plan.samples_per_item, wall_time_s=round(time.monotonic() - t0, 3))

@@ -20,7 +20,7 @@ from agentrl.engine.recording import RecordingEngine
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources
 from agentrl.launcher.config import RunConfig
-from agentrl.launcher.evaluate import EvalOutcome, evaluate
+from agentrl.launcher.heldout import heldout_eval
 from agentrl.launcher.resources import heldout_tasks, load_imports, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
@@ -145,12 +145,10 @@ class RolloutWorker:
     async def evaluate_heldout(self, label: str) -> dict[str, Any]:
         """Greedy held-out evaluation on the engine's current weights; records go to ``eval_<label>.jsonl``."""
         tasks = heldout_tasks(self.cfg)
-        outcome: EvalOutcome = await evaluate(self._runner(temperature=0.0), self._make_env, tasks,
-                                              concurrency=self.cfg.rollout.max_running_groups,
-                                              env_name=self.cfg.env.name,
-                                              out=self.run_dir / f"eval_{label}.jsonl")
+        outcome = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
+                                     resources=self.resources, out=self.run_dir / f"eval_{label}.jsonl")
         result = {"label": label, "version": await self.client.weight_version() if self.client else None,
-                  **outcome.as_dict()}
+                  **outcome}
         logger.info("held-out eval %s: %s", label, result)
         return result
 
