@@ -10,7 +10,7 @@
 On shutdown the running tasks are handed back to the queue (not counted as an attempt); a worker that dies
 without shutting down loses its leases, so its tasks are re-queued by any live worker's reaper and resumed.
 Global limits are the services' own: episodes at once (``EvalServices.limiter``), generate calls per server
-(``EnginePool``), programs in the sandbox (the sandbox's ``max_concurrency``).
+(``ModelServers``), programs in the sandbox (the sandbox's ``max_concurrency``).
 """
 
 from __future__ import annotations

@@ -4,11 +4,13 @@ tool-call statistics, and per-sample records (usable from Python, the CLI and th
     from agentrl.eval import EvalSpec, run_eval
     result = await run_eval(spec, engine=engine, tokenizer=tok, resources=resources)   # your own engine
     result = await evaluate(spec)                        # or: start what it needs (sandbox, SGLang server)
+
+The one evaluator: a training run's held-out evaluation runs here too (:func:`run_plan`).
 """
 
 from agentrl.eval.base import EvalResult, RecordCallback, SampleRecord, SpecError, UnknownEnvironmentError
 from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
-from agentrl.eval.engines import EngineLease, EnginePool, LimitedEngine, ResolvedModel, resolve_model_spec
+from agentrl.eval.engines import EngineLease, LimitedEngine, ModelServers, ResolvedModel, resolve_model_spec
 from agentrl.eval.metrics import compute_metrics, pass_at_k
 from agentrl.eval.runner import EvalPlan, TooManyErrors, check_environment, run_eval, run_plan
 from agentrl.eval.services import EvalServices, evaluate
@@ -16,9 +18,9 @@ from agentrl.eval.spec import DatasetItem, DatasetSpec, EnvironmentSpec, EvalSpe
 from agentrl.rewards.base import CORRECT_KEY, correctness_score, is_correct
 
 __all__ = [
-    "CORRECT_KEY", "DatasetFactory", "DatasetItem", "DatasetSpec", "EngineLease", "EnginePool", "EnvironmentSpec",
-    "EvalPlan", "EvalResult", "EvalServices", "EvalSpec", "LimitedEngine", "ModelSpec", "RecordCallback", "ResolvedModel",
-    "SampleRecord", "SamplingSpec", "SpecError", "TooManyErrors", "UnknownEnvironmentError", "builtin_datasets",
-    "check_environment", "compute_metrics", "correctness_score", "evaluate", "is_correct", "load_tasks",
-    "pass_at_k", "resolve_model_spec", "run_eval", "run_plan",
+    "CORRECT_KEY", "DatasetFactory", "DatasetItem", "DatasetSpec", "EngineLease", "EnvironmentSpec", "EvalPlan",
+    "EvalResult", "EvalServices", "EvalSpec", "LimitedEngine", "ModelServers", "ModelSpec", "RecordCallback",
+    "ResolvedModel", "SampleRecord", "SamplingSpec", "SpecError", "TooManyErrors", "UnknownEnvironmentError",
+    "builtin_datasets", "check_environment", "compute_metrics", "correctness_score", "evaluate", "is_correct",
+    "load_tasks", "pass_at_k", "resolve_model_spec", "run_eval", "run_plan",
 ]

@@ -1,6 +1,6 @@
 """Inference engines for evaluations: which server serves a :class:`ModelSpec`, started on demand and reused.
 
-:class:`EnginePool` holds at most ``max_servers`` SGLang servers it started (one per model folder), reuses a
+:class:`ModelServers` holds at most ``max_servers`` SGLang servers it started (one per model folder), reuses a
 running one for every evaluation of the same folder, and stops the least recently used idle one when a new
 model needs room (waiting while all are busy). A ``url`` model is a running server the pool only connects to.
 Every engine is wrapped in :class:`LimitedEngine`: at most ``max_inflight`` generate calls per server at once,
@@ -139,14 +139,16 @@ class _Entry:
     tokenizer: ChatTokenizer | None = None
 
 
-class EnginePool:
-    """Servers started for evaluations, at most ``max_servers`` at once; see the module docstring."""
+class ModelServers:
+    """One server per evaluated model, started on demand and leased per evaluation; at most ``max_servers`` at
+    once (see the module docstring). Not :class:`agentrl.engine.EnginePool`, which routes the requests of one
+    model over several servers."""
 
     def __init__(self, *, max_servers: int = 1, max_inflight: int = 64,
                  server_config: SGLangServerConfig | None = None, log_dir: Path | None = None,
                  launcher: Launcher | None = None) -> None:
         if max_servers < 1 or max_inflight < 1:
-            raise ConfigError(f"EnginePool needs max_servers >= 1 and max_inflight >= 1, got "
+            raise ConfigError(f"ModelServers needs max_servers >= 1 and max_inflight >= 1, got "
                               f"{max_servers}, {max_inflight}")
         self.max_servers = max_servers
         self.max_inflight = max_inflight
@@ -190,7 +192,7 @@ class EnginePool:
         async with self._changed:
             while True:
                 if self._closed:
-                    raise EngineError("the engine pool is closed")
+                    raise EngineError("the model servers are closed")
                 entry = self._entries.get(key)
                 if entry is not None and entry.ready.done() and entry.ready.exception() is not None:
                     del self._entries[key]  # a failed start: try again
@@ -245,7 +247,7 @@ class EnginePool:
             return
         if self._closed:
             await _stop_entry_result(result)
-            entry.ready.set_exception(EngineError("the engine pool was closed while a server started"))
+            entry.ready.set_exception(EngineError("the model servers were closed while a server started"))
             return
         entry.ready.set_result(result)
 

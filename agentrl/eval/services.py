@@ -1,5 +1,5 @@
 """What the evaluations of one process share, wired in one place: the sandbox, the math-checker pool, the
-engine pool and the global episode limit.
+model servers and the global episode limit.
 
     async with EvalServices.create(sandbox_backend="local", max_episodes=16) as services:
         result = await services.evaluate(spec)          # or with tasks=, completed=, on_record=, cancel=
@@ -19,7 +19,7 @@ from agentrl.engine.server import SGLangServerConfig
 from agentrl.env.registry import EnvResources, Registry, default_registry
 from agentrl.eval.base import EvalResult, RecordCallback, SampleRecord, SpecError
 from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
-from agentrl.eval.engines import EnginePool, Launcher, check_model, resolve_model_spec
+from agentrl.eval.engines import Launcher, ModelServers, check_model, resolve_model_spec
 from agentrl.eval.runner import check_environment, run_eval
 from agentrl.eval.spec import MAX_SAMPLES, EvalSpec
 from agentrl.rewards import MathVerifier
@@ -30,7 +30,7 @@ from agentrl.types import Task
 class EvalServices:
     """Shared, long-lived resources of evaluations (see the module docstring). Close with ``aclose``."""
 
-    def __init__(self, *, resources: EnvResources, engines: EnginePool, max_episodes: int = 16,
+    def __init__(self, *, resources: EnvResources, engines: ModelServers, max_episodes: int = 16,
                  runs_dir: Path = Path("runs"), dataset_dirs: Sequence[Path] | None = None,
                  registry: Registry = default_registry, datasets: dict[str, DatasetFactory] | None = None,
                  stack: AsyncExitStack | None = None) -> None:
@@ -57,7 +57,7 @@ class EvalServices:
             stack.push_async_callback(sandbox.aclose)
             verifier = MathVerifier(workers=verifier_workers)
             stack.push_async_callback(verifier.aclose)
-            engines = EnginePool(max_servers=max_servers, max_inflight=max_inflight, server_config=server_config,
+            engines = ModelServers(max_servers=max_servers, max_inflight=max_inflight, server_config=server_config,
                                  log_dir=log_dir, launcher=launcher)
             stack.push_async_callback(engines.aclose)
         except BaseException:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from eval_support import ScriptedEngine
 
-from agentrl.eval import EvalSpec, SpecError, TooManyErrors, UnknownEnvironmentError, run_eval
 from agentrl.env.registry import Registry
 from agentrl.env.retool import ReToolEnv
+from agentrl.eval import EvalSpec, SpecError, TooManyErrors, UnknownEnvironmentError, run_eval
 from agentrl.eval.base import SampleRecord
 from agentrl.rewards import RewardInput, RewardResult
 

@@ -1,4 +1,4 @@
-"""EnginePool: one server per model folder, reused; at most max_servers, the idle LRU one stopped for a new model;
+"""ModelServers: one server per model folder, reused; at most max_servers, the idle LRU one stopped for a new model;
 failed starts reported and retried. The launcher is a fake here (the logic around it); the real SGLang launch is
 in the ``slow`` test at the end, and the URL path against a real server in test_sglang_eval.py."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import EngineError
-from agentrl.eval import EnginePool, EvalSpec, ResolvedModel, run_eval
+from agentrl.eval import EvalSpec, ModelServers, ResolvedModel, run_eval
 
 
 @dataclass
@@ -45,7 +45,7 @@ def model(tiny_model_path: Path, name: str) -> ResolvedModel:
 
 async def test_one_server_per_model_reused_and_evicted_when_idle(tiny_model_path: Path) -> None:
     launcher = FakeLauncher()
-    async with EnginePool(max_servers=1, launcher=launcher) as pool:
+    async with ModelServers(max_servers=1, launcher=launcher) as pool:
         a = model(tiny_model_path, "a")
 
         async def use(m: ResolvedModel, hold_s: float) -> str:
@@ -67,7 +67,7 @@ async def test_one_server_per_model_reused_and_evicted_when_idle(tiny_model_path
 
 async def test_two_servers_side_by_side(tiny_model_path: Path) -> None:
     launcher = FakeLauncher()
-    pool = EnginePool(max_servers=2, launcher=launcher)
+    pool = ModelServers(max_servers=2, launcher=launcher)
     async with pool, pool.lease(model(tiny_model_path, "a")) as la, pool.lease(model(tiny_model_path, "b")) as lb:
         assert la.url != lb.url
         assert [e["leases"] for e in pool.status()] == [1, 1]
@@ -76,7 +76,7 @@ async def test_two_servers_side_by_side(tiny_model_path: Path) -> None:
 
 async def test_a_failed_start_is_reported_to_every_waiter_and_retried(tiny_model_path: Path) -> None:
     launcher = FakeLauncher(fail={"bad"})
-    async with EnginePool(max_servers=1, launcher=launcher) as pool:
+    async with ModelServers(max_servers=1, launcher=launcher) as pool:
         bad = model(tiny_model_path, "bad")
 
         async def use() -> None:
@@ -119,7 +119,7 @@ async def test_a_weight_version_gets_its_own_real_sglang_server(tiny_model_path:
                                     "model": {"run": "r1", "version": 3}, "sampling": {"max_new_tokens": 8},
                                     "max_turns": 1})
     model = resolve_model_spec(spec.model, runs_dir=tmp_path / "runs")
-    async with EnginePool(max_servers=1, server_config=SGLangServerConfig(max_total_tokens=4096, dtype="float32"),
+    async with ModelServers(max_servers=1, server_config=SGLangServerConfig(max_total_tokens=4096, dtype="float32"),
                           log_dir=tmp_path) as pool:
         async with pool.lease(model) as lease:
             result = await run_eval(spec, engine=lease.engine, tokenizer=lease.tokenizer, resources=resources)
