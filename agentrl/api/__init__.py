@@ -3,7 +3,7 @@
     app = create_app(ApiSettings.from_env(redis_url=None, max_tasks=2))   # uvicorn.run(app, ...)
 """
 
-from agentrl.api.app import BodyLimit, create_app
+from agentrl.api.app import create_app
 from agentrl.api.base import TOKEN_ENV, ApiSettings, TaskLost, TaskNotFound, TaskStatus
 from agentrl.api.store import TaskRecord, TaskStore
 from agentrl.api.worker import EvalWorkers
@@ -11,7 +11,6 @@ from agentrl.api.worker import EvalWorkers
 __all__ = [
            "TOKEN_ENV",
            "ApiSettings",
-           "BodyLimit",
            "EvalWorkers",
            "TaskLost",
            "TaskNotFound",

@@ -16,7 +16,6 @@ environment (naming the known environments), 413 past ``max_body_bytes``, 422 wi
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import uuid
@@ -27,10 +26,9 @@ from typing import Annotated, Any
 from fastapi import Body, Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agentrl._http import BodyLimit, bearer_auth
 from agentrl.api.base import ApiSettings, TaskStatus
 from agentrl.api.schemas import (
     EnvironmentInfo,
@@ -72,57 +70,6 @@ class _State:
     workers: EvalWorkers
 
 
-class BodyLimit:
-    """ASGI middleware: 413 for a request body over ``max_bytes`` (declared or streamed)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._too_large(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                return await self._too_large(scope, receive, send)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = JSONResponse({"detail": f"request body over {self.max_bytes} bytes; send fewer items inline "
-                                           "or put the dataset in a server-side file"}, status_code=413)
-        await response(scope, receive, send)
-
-
-_bearer = HTTPBearer(auto_error=False, description="required when the server has AGENTRL_API_TOKEN set")
-
-
-def _auth(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-    token = request.app.state.settings.token
-    if token is None:
-        return
-    given = creds.credentials if creds is not None else ""
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer <AGENTRL_API_TOKEN>)",
-                            headers={"WWW-Authenticate": "Bearer"})
-
-
 def _state(request: Request) -> _State:
     return request.app.state.agentrl  # type: ignore[no-any-return]
 
@@ -157,10 +104,11 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
 
     app = FastAPI(title="agentrl evaluation API", version="1", lifespan=lifespan,
                   description=__doc__.split("\n\n", 1)[1] if __doc__ else "")
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,  # type: ignore[arg-type]
+                       hint="; send fewer items inline or put the dataset in a server-side file")
     _errors(app)
-    app.state.settings = settings
-    v1 = [Depends(_auth)]
+    v1 = [Depends(bearer_auth(settings.token, hint=" (Authorization: Bearer <AGENTRL_API_TOKEN>)",
+                              description="required when the server has AGENTRL_API_TOKEN set"))]
 
     @app.post("/v1/evals", status_code=202, response_model=EvalCreated, dependencies=v1, tags=["evals"],
               responses={**_ERRORS, 404: {"model": ErrorBody, "description": "unknown environment"},

@@ -7,7 +7,8 @@ own lossless ``POST /v1/run`` and session endpoints, ``GET /v1/ping``.
 - Output: each stream is cut at ``max_output_bytes`` (or the request's smaller limit) and ends with a marker.
 - Failures of the sandbox itself are answered ``200`` with status ``SandboxError`` (as SandboxFusion does);
   requests the server cannot accept are ``4xx``.
-- Auth: with ``token`` set, every route but ``/v1/ping`` needs ``Authorization: Bearer <token>``.
+- Auth: with ``token`` set, every route but ``/v1/ping`` needs ``Authorization: Bearer <token>``; a body over
+  ``max_body_bytes`` is ``413`` (both checks are :mod:`agentrl._http`'s, shared with the eval API).
 The server binds 127.0.0.1 unless told otherwise (see ``agentrl sandbox serve``).
 """
 
@@ -17,16 +18,15 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hmac
 import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, HTTPException
 
+from agentrl._http import BodyLimit, bearer_auth
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox._wire import sandbox_error
 from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunStatus, Sandbox, Session
@@ -92,20 +92,8 @@ def create_app(sandbox: Sandbox, *, max_concurrency: int = 8, max_queue: int = 6
             await sandbox.aclose()
 
     app = FastAPI(title="agentrl sandbox", lifespan=lifespan)
-
-    async def auth(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-
-    @app.middleware("http")
-    async def body_cap(request: Request, call_next: Any) -> Any:
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > max_body_bytes:
-            return JSONResponse({"detail": f"request body over {max_body_bytes} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # type: ignore[arg-type]
+    auth = bearer_auth(token)
 
     def capped(limits: Limits) -> Limits:
         return Limits(time_s=limits.time_s, memory_mb=limits.memory_mb, pids=limits.pids,
