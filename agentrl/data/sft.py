@@ -200,11 +200,17 @@ def load_sft_traces(path: str | Path, tok: ChatTokenizer, *, messages_key: str =
 
 
 def write_traces(traces: Sequence[SFTTrace], out: Path) -> Path:
-    """The hand-off to the trainer: one ``{"token_ids", "loss_mask"}`` JSON object per line
-    (``agentrl.trainer.worker.load_traces`` reads it)."""
+    """The hand-off to the trainer: one ``{"token_ids", "loss_mask"}`` JSON object per line (pre-tokenised rows;
+    :func:`read_traces` reads them back)."""
     import json
 
     with open(out, "w") as f:
         for t in traces:
             f.write(json.dumps({"token_ids": t.token_ids, "loss_mask": t.loss_mask}) + "\n")
     return out
+
+
+def read_traces(path: str | Path) -> list[SFTTrace]:
+    """The traces :func:`write_traces` wrote, read through the one dataset loader (:mod:`agentrl.data.loader`)
+    and checked as pre-tokenised rows (token ids are not checked against a vocabulary: we wrote them)."""
+    return [_pretokenised(row, f"dataset {path}, row {i}", vocab=2**31) for i, row in enumerate(iter_rows(path))]

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.data.sft import read_traces
 from agentrl.launcher.config import RunConfig, load_config
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
@@ -44,12 +45,7 @@ def registry_namespace(run: str) -> str:
 
 
 def load_traces(path: Path) -> list[Trace]:
-    traces = []
-    with open(path) as f:
-        for line in f:
-            d = json.loads(line)
-            traces.append(Trace(token_ids=d["token_ids"], loss_mask=d["loss_mask"]))
-    return traces
+    return [Trace(token_ids=t.token_ids, loss_mask=t.loss_mask) for t in read_traces(path)]
 
 
 def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path) -> Path:

@@ -16,6 +16,7 @@ from agentrl.data.loader import DatasetError
 from agentrl.data.sft import (
     check_sft_data,
     load_sft_traces,
+    read_traces,
     split_observations,
     tokenize_conversation,
     write_traces,
@@ -26,7 +27,6 @@ from agentrl.env.retool import ReToolEnv, format_interpreter
 from agentrl.rewards import MathVerifier
 from agentrl.sandbox import make_sandbox
 from agentrl.tokenizer import ChatTokenizer, tokenize_trace
-from agentrl.trainer.worker import load_traces
 from agentrl.types import Task
 
 SPAN_1 = "\n<interpreter>\n42\n</interpreter>\n"
@@ -124,7 +124,7 @@ def test_pretokenised_rows_are_used_as_they_are(tmp_path: Path, chat_tokenizer: 
     assert [(t.token_ids, t.loss_mask) for t in traces] == [([1, 2, 3], [0, 0, 1]), ([5, 6], [0, 1])]
     assert (stats.traces, stats.truncated, stats.truncated_tokens, stats.tokens) == (2, 1, 1, 5)
     out = write_traces(traces, tmp_path / "sft_traces.jsonl")  # the trainer's hand-off file reads back
-    assert [(t.token_ids, t.loss_mask) for t in load_traces(out)] == [(t.token_ids, t.loss_mask) for t in traces]
+    assert [(t.token_ids, t.loss_mask) for t in read_traces(out)] == [(t.token_ids, t.loss_mask) for t in traces]
 
 
 @pytest.mark.parametrize("row, words", [
