@@ -8,7 +8,8 @@
     ├── InfrastructureError        something agentrl depends on failed; never the model's fault, never a reward of 0
     │   ├── EngineError            an inference server call failed (names the server and the call)
     │   │   ├── EngineUnavailable  engine.base: the server cannot be reached or dropped the connection
-    │   │   └── EngineTimeout      engine.base: a call did not finish within its deadline
+    │   │   ├── EngineTimeout      engine.base: a call did not finish within its deadline
+    │   │   └── _Busy              engine.client (private): a 502/503 the client's retry waits out
     │   ├── SandboxError           the sandbox could not run the program (not: the program failed)
     │   ├── RewardError            a reward could not be computed (its sandbox or checker failed): the sample
     │   │                          has no score; the episode raises it, the scheduler retries or drops the group
@@ -16,7 +17,7 @@
     │   ├── QueueError             Redis unreachable, too old, or a queue operation failed
     │   │   ├── QueueFullError     queue.base: the queue stayed full past the producer's timeout
     │   │   ├── AlreadyRunningError  queue.redis_server: another process runs this directory's Redis
-    │   │   └── WeightVersionError queue.base: a weight version unknown, collected, or published twice
+    │   │   └── WeightVersionError queue.base: a weight version unknown (or rewound), or published twice
     │   │       └── VersionWaitTimeout (TimeoutError)  queue.weight_registry
     │   ├── TrainerError           the trainer process failed
     │   └── TooManyErrors          eval.runner: an evaluation's samples kept failing in a row
