@@ -11,9 +11,9 @@ Two tasks run side by side:
   episode runner resumes them; either way a turn keeps exact per-token versions), or ``abort_restart``
   (in-flight episodes are thrown away and restarted from scratch on the new weights).
 
-**Staleness guarantee.** The trainer (``agentrl.trainer.worker``) consumes ``groups_per_step`` complete groups
-per step in queue order, so the k-th group this scheduler queues (k = 0, 1, …) is trained by the policy of
-version ``initial_version + k // groups_per_step``. A group is put on the queue only if
+**Staleness guarantee.** The trainer (the run protocol, ``agentrl.launcher.protocol.read_groups``) consumes
+``groups_per_step`` complete groups per step in queue order, so the k-th group this scheduler queues
+(k = 0, 1, …) is trained by the policy of version ``initial_version + k // groups_per_step``. A group is put on the queue only if
 
     initial_version + k // groups_per_step − min(weight version of its model tokens) ≤ η
 

@@ -70,7 +70,7 @@ def _log_to(path: Path) -> None:
 def _actor_classes() -> tuple[Any, Any]:
     import ray
 
-    from agentrl.launcher.rollout_worker import RolloutWorker
+    from agentrl.launcher.rollout_process import RolloutWorker
 
     @ray.remote
     class RolloutActor(RolloutWorker):
@@ -83,22 +83,22 @@ def _actor_classes() -> tuple[Any, Any]:
 
     @ray.remote
     class TrainerActor:
-        def __init__(self, run_dir: str, env: dict[str, str], cores: list[int] | None) -> None:
-            os.environ.update(env)
+        def __init__(self, cfg: RunConfig, run_dir: str, env: dict[str, str], cores: list[int] | None) -> None:
+            os.environ.update(env)  # torch.distributed's rendezvous
             if cores:
                 pin_to_cores(cores)
-            self.run_dir = Path(run_dir)
+            self.cfg, self.run_dir = cfg, Path(run_dir)
             _log_to(self.run_dir / "logs" / f"trainer-{env.get('RANK', '0')}.log")
 
         def pid(self) -> int:
             return os.getpid()
 
         def train(self) -> int:
-            from agentrl.trainer.worker import train
+            from agentrl.launcher.trainer_process import train
 
-            rank = os.environ.get("RANK", "0")
+            rank = int(os.environ["RANK"])
             (self.run_dir / "logs" / f"trainer-{rank}.pid").write_text(str(os.getpid()))
-            asyncio.run(train(self.run_dir))
+            asyncio.run(train(self.cfg, self.run_dir, os.environ["AGENTRL_REDIS_URL"], rank=rank))
             return 0
 
     return RolloutActor, TrainerActor
@@ -128,7 +128,7 @@ class TrainerGroup:
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             actor = self.cls.options(num_cpus=r.trainer_num_cpus, num_gpus=r.trainer_num_gpus,
                                      name=f"trainer-{self.cfg.name}-{rank}-{self.restarts}").remote(
-                str(self.run_dir), env, r.trainer_cores)
+                self.cfg, str(self.run_dir), env, r.trainer_cores)
             self.actors.append(actor)
         self.refs = [a.train.remote() for a in self.actors]
 
@@ -305,8 +305,8 @@ async def _rewind(cfg: RunConfig, client: Any, point: ResumePoint) -> int:
     """Before a resumed run starts anything: finish the checkpoint's acknowledgements (idempotent), forget the
     versions published after the checkpoint (their steps are trained again; the one of the checkpoint too, so
     that loaders wait until the trainer has re-exported and re-published it) and count what the queue holds."""
+    from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
     from agentrl.queue import TrajectoryQueue, WeightRegistry
-    from agentrl.trainer.worker import queue_capacity, registry_namespace, stream_name
 
     async with TrajectoryQueue(client, stream_name(cfg.name), consumer="driver",
                                capacity=queue_capacity(cfg)) as queue:

@@ -1,6 +1,7 @@
 """Fakes around the scheduler: a token-by-token simulated SGLang (per-token versions, the three pause modes), a
-FIFO trainer that consumes ``groups_per_step`` groups per step exactly as ``agentrl.trainer.worker`` does and
-records the staleness of everything it consumes, and single-turn environments."""
+FIFO trainer that consumes ``groups_per_step`` groups per step exactly as
+``agentrl.launcher.protocol.read_groups`` does and records the staleness of everything it consumes, and
+single-turn environments."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The scheduler for real: SGLang (tiny model), Redis (TrajectoryQueue + WeightRegistry) and the trainer's own
-group reader (``agentrl.trainer.worker.read_groups``). A stand-in trainer consumes, checks staleness, acks and
+group reader (``agentrl.launcher.protocol.read_groups``). A stand-in trainer consumes, checks staleness, acks and
 publishes new versions (the same weights, new version numbers); every consumed trajectory is within η and its
 tokens are exactly what SGLang returned (lengths, masks, versions)."""
 
@@ -23,7 +23,7 @@ B, N, STEPS, ETA = 2, 2, 3, 1
 @pytest.mark.parametrize("mode", ["interrupt", "abort_restart"])
 async def test_scheduler_with_sglang_redis_and_the_trainers_reader(sglang_url, redis_client, chat_tokenizer,
                                                                    tiny_model_path, mode):
-    from agentrl.trainer.worker import read_groups
+    from agentrl.launcher.protocol import read_groups
 
     name = f"test:{uuid.uuid4().hex[:8]}"
     queue = TrajectoryQueue(redis_client, f"{name}:traj", consumer="trainer-0", capacity=64)

@@ -19,8 +19,8 @@ from agentrl.errors import ConfigError
 from agentrl.launcher import driver, preflight
 from agentrl.launcher.config import load_config
 from agentrl.launcher.resources import check_data, heldout_tasks, sft_traces_file, tasks_from
+from agentrl.launcher.trainer_process import load_traces
 from agentrl.tokenizer import ChatTokenizer
-from agentrl.trainer.worker import load_traces
 
 VERL_ROWS = [
     {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 6 * 7?"}], "ability": "math",

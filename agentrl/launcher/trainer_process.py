@@ -1,7 +1,9 @@
-"""The trainer process: cold-start SFT (optional), then RL steps on trajectories from the Redis queue.
+"""The trainer process of a run: cold-start SFT (optional), then RL steps on trajectories from the Redis queue.
 
-``python -m agentrl.trainer.worker RUN_DIR`` reads ``RUN_DIR/config.yaml``. Rank 0 talks to Redis and shares
-each batch with the other ranks; every rank runs the same FSDP2 steps. Per RL step k (1-based):
+The controller runs :func:`train` on one Ray actor per rank (or, in debug mode, on a thread of its own process);
+``python -m agentrl.launcher.trainer_process RUN_DIR`` runs it as a plain process from ``RUN_DIR/config.yaml``.
+Rank 0 talks to Redis and shares each batch with the other ranks; every rank runs the same FSDP2 steps. Per RL
+step k (1-based):
 
     read complete groups → rl_step (version k-1 → k) → export weights/v<k> → checkpoint (with the entry ids
     of the step) → ack those ids → publish v<k> in the weight registry → append metrics.jsonl
@@ -26,6 +28,7 @@ from typing import Any
 
 from agentrl.data.sft import read_traces
 from agentrl.launcher.config import RunConfig, load_config
+from agentrl.launcher.protocol import queue_capacity, read_groups, registry_namespace, stream_name
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.queue.base import QueueEntry
@@ -33,15 +36,7 @@ from agentrl.trainer import Trace, Trainer, TrainerConfig, broadcast_object, lat
 from agentrl.trainer.storage import intact_hf_folder, prune_checkpoints
 from agentrl.types import Trajectory
 
-logger = logging.getLogger("agentrl.trainer.worker")
-
-
-def stream_name(run: str) -> str:
-    return f"agentrl:{run}:trajectories"
-
-
-def registry_namespace(run: str) -> str:
-    return f"agentrl:{run}"
+logger = logging.getLogger(__name__)
 
 
 def load_traces(path: Path) -> list[Trace]:
@@ -80,30 +75,6 @@ def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path) -> Path:
     return target
 
 
-async def read_groups(
-    queue: TrajectoryQueue,
-    *,
-    groups: int,
-    group_size: int,
-    carry: dict[str, list[QueueEntry]],
-    stop_after_s: float,
-) -> list[QueueEntry]:
-    """Read until ``groups`` complete groups (``group_size`` entries of one group_id) are at hand; entries of
-    incomplete groups stay in ``carry`` for the next step (they remain pending, never acked early)."""
-    deadline = time.monotonic() + stop_after_s
-    while True:
-        done = [g for g, es in carry.items() if len(es) >= group_size]
-        if len(done) >= groups:
-            picked: list[QueueEntry] = []
-            for g in done[:groups]:
-                picked += carry.pop(g)
-            return picked
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {groups} complete groups arrived within {stop_after_s:.0f}s")
-        for e in await queue.read(group_size * groups, timeout_s=5.0):
-            carry.setdefault(e.trajectory.group_id, []).append(e)
-
-
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -118,15 +89,14 @@ class _Rank0:
         self.unacked: list[str] = []  # entries trained on since the last checkpoint
 
 
-async def train(run_dir: Path) -> None:
-    """The whole trainer job of one rank (SPMD: every rank runs this; rank 0 also talks to Redis)."""
-    cfg = load_config(run_dir / "config.yaml")
+async def train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: int = 0) -> None:
+    """The whole trainer job of one rank (SPMD: every rank runs this; rank 0 also talks to Redis at
+    ``redis_url``, or to an embedded server in the run directory)."""
     base_model = resolve_model(cfg.model)
-    rank = int(os.environ.get("RANK", "0"))
     r0: _Rank0 | None = None
     handle = None
     if rank == 0:
-        handle = await connect_redis(os.environ.get("AGENTRL_REDIS_URL"), run_dir / "redis")
+        handle = await connect_redis(redis_url, run_dir / "redis")
         queue = TrajectoryQueue(handle.client, stream_name(cfg.name), consumer="trainer-0",
                                 capacity=queue_capacity(cfg))
         r0 = _Rank0(cfg, queue, WeightRegistry(handle.client, registry_namespace(cfg.name)))
@@ -167,14 +137,6 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
     if path.exists():
         keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
         path.write_text("".join(line + "\n" for line in keep))
-
-
-def queue_capacity(cfg: RunConfig) -> int:
-    """Unacknowledged entries the stream may hold before producers block (backpressure, never drops): the
-    ``checkpoint_every`` steps read but not yet acknowledged (acks wait for the checkpoint), plus η + 1 steps
-    ahead. Any less and a trainer between checkpoints could wait for entries the blocked producers hold."""
-    r = cfg.rollout
-    return max(16, (cfg.checkpoint_every + r.max_staleness + 1) * r.groups_per_step * r.n_samples)
 
 
 def prune_weight_versions(cfg: RunConfig, run_dir: Path, latest: int) -> None:
@@ -232,13 +194,15 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="agentrl trainer process")
+    parser = argparse.ArgumentParser(description="agentrl trainer process (RANK, AGENTRL_REDIS_URL and torch's "
+                                                 "distributed variables from the environment)")
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(train(args.run_dir))
+    cfg = load_config(args.run_dir / "config.yaml")
+    asyncio.run(train(cfg, args.run_dir, os.environ.get("AGENTRL_REDIS_URL"), rank=int(os.environ.get("RANK", "0"))))
     return 0
 
 

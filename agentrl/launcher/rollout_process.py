@@ -1,4 +1,5 @@
-"""The rollout side of a run, as one object the controller places (a Ray actor in production, plain in tests).
+"""The rollout process of a run, as one object the controller places (a Ray actor, or in debug mode a plain
+object in the controller's own event loop).
 
 It owns the SGLang server, the sandbox, the math-checker pool, and the producer ends of the queue and registry;
 it runs the :class:`RolloutScheduler` and the held-out evaluations. Trajectories leave it only through Redis.
@@ -21,11 +22,11 @@ from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout import heldout_eval
+from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
 from agentrl.launcher.resources import heldout_tasks, load_imports, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.tokenizer import ChatTokenizer
-from agentrl.trainer.worker import queue_capacity, registry_namespace, stream_name
 from agentrl.types import Trajectory
 
 logger = logging.getLogger(__name__)
