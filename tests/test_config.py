@@ -4,16 +4,9 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.launcher import recipes
-from agentrl.launcher.config import load_config, parse_overrides
+from agentrl.launcher.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def test_overrides_nest_and_parse_yaml_scalars():
-    assert parse_overrides(["rollout.n_samples=4", "model=tiny", "sft.enabled=false", "x.y.z=1.5"]) == {
-        "rollout": {"n_samples": 4}, "model": "tiny", "sft": {"enabled": False}, "x": {"y": {"z": 1.5}}}
-    with pytest.raises(ConfigError, match="key=value"):
-        parse_overrides(["nonsense"])
 
 
 @pytest.mark.parametrize("recipe", [recipes.SMOKE, recipes.DEMO])

@@ -12,8 +12,7 @@ import pytest
 
 from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
-from agentrl.env.registry import EnvResources, default_registry
-from agentrl.launcher.resources import load_imports
+from agentrl.env.registry import EnvResources, default_registry, load_imports
 from agentrl.rewards import MathVerifier
 from agentrl.types import Task
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-import yaml
 
 from agentrl.api.base import TOKEN_ENV
 from agentrl.errors import AgentRLError, ConfigError
@@ -67,7 +66,7 @@ def serve(
 
 def _import(imports: list[str] | None) -> None:
     """``--import``: like a run config's ``imports:``, so a one-file environment can be served or evaluated."""
-    from agentrl.launcher.resources import load_imports
+    from agentrl.env.registry import load_imports
 
     load_imports([str(Path(i).resolve()) if i.endswith(".py") else i for i in imports or []])
 
@@ -77,25 +76,13 @@ def load_spec(path: Path, overrides: list[str]) -> Any:
     from pydantic import ValidationError
 
     from agentrl.eval.spec import EvalSpec
-    from agentrl.launcher.config import parse_overrides
+    from agentrl.overrides import merge, parse_overrides, read_mapping
 
-    if not path.is_file():
-        raise ConfigError(f"eval config {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    data = _merge(data, parse_overrides(overrides))
+    data = merge(read_mapping(path, "eval config"), parse_overrides(overrides))
     try:
         return EvalSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid eval config {path}:\n{exc}") from None
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def eval_command(

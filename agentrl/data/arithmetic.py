@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from agentrl.retool_format import format_interpreter
 from agentrl.types import Task
 
 
@@ -133,8 +134,6 @@ def retool_trace_parts(problem: Problem, interpreter_output: str | None = None) 
     The observation text is exactly what the ReTool environment appends at rollout time, and the parts are
     tokenised separately, so SFT and RL see identical token boundaries.
     """
-    from agentrl.env.retool import format_interpreter
-
     answer = problem.task.answer
     output = interpreter_output if interpreter_output is not None else str(answer)
     return [

@@ -23,7 +23,7 @@ from agentrl.data.loader import DatasetError, chat_messages, first_row, get_key,
 from agentrl.tokenizer import ChatTokenizer
 
 #: an interpreter observation inside an assistant turn, with the newline before and after it: exactly the text the
-#: ReTool environment appends (``agentrl.env.retool.format_interpreter``); unclosed, it runs to the turn's end
+#: ReTool environment appends (``agentrl.retool_format.format_interpreter``); unclosed, it runs to the turn's end
 INTERPRETER_SPAN = re.compile(r"\n?<interpreter>.*?(?:</interpreter>\n?|\Z)", re.S)
 PRETOKENISED = ("token_ids", "loss_mask")
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentrl.env.base import Environment
@@ -196,3 +199,26 @@ def list_envs() -> list[EnvSpec]:
 
 def list_tools() -> list[Tool]:
     return default_registry.list_tools()
+
+
+def load_imports(imports: list[str]) -> None:
+    """Import user modules (``pkg.module``) or files (``path/to/file.py``) so their decorators register
+    environments and tools in this process. Each file is imported once per process."""
+    for ref in imports:
+        if ref.endswith(".py"):
+            path = Path(ref)
+            if not path.exists():
+                raise ConfigError(f"imports: {ref} does not exist")
+            name = f"agentrl_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(ref)
+            except ImportError as exc:
+                raise ConfigError(f"imports: cannot import {ref!r}: {exc}") from exc

@@ -17,11 +17,11 @@ from typing import Any
 from agentrl.env.base import Environment, Observation, StepResult, prompt_messages
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError
+from agentrl.retool_format import format_interpreter
 from agentrl.rewards import FormatReward, MathReward, RewardInput, RewardResult, WeightedReward
 from agentrl.types import Task, ToolCall, ToolResult
 
 CODE_OPEN, CODE_CLOSE = "<code>", "</code>"
-INTERPRETER_OPEN, INTERPRETER_CLOSE = "<interpreter>", "</interpreter>"
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. You may run Python by writing code between "
@@ -83,11 +83,6 @@ def syntax_error(code: str) -> str | None:
     except (ValueError, RecursionError, MemoryError) as exc:  # e.g. absurd nesting
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-def format_interpreter(output: str) -> str:
-    """The observation text appended after a code turn (kept identical in SFT traces and rollouts)."""
-    return f"\n{INTERPRETER_OPEN}\n{output.strip()}\n{INTERPRETER_CLOSE}\n"
 
 
 def render_run_output(stdout: str, stderr: str, status: str, *, max_chars: int) -> str:

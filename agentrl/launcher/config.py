@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agentrl.errors import ConfigError, closest
 from agentrl.launcher.trackers import TrackioSection, WandbSection
+from agentrl.overrides import merge, parse_overrides, read_mapping
+
+__all__ = ["RunConfig", "describe_errors", "load_config", "parse_overrides", "save_config"]
 
 
 class _Section(BaseModel):
@@ -201,43 +204,13 @@ class RunConfig(_Section):
         return self.model_copy(update={"name": f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"})
 
 
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """``["rollout.n_samples=4", "model=tiny"]`` → a nested dict; values are parsed as YAML scalars."""
-    out: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. rollout.n_samples=4)")
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r} conflicts with another override of {p!r}")
-        node[parts[-1]] = yaml.safe_load(raw) if raw else ""
-    return out
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for k, v in over.items():
-        merged[k] = _merge(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
-    return merged
-
-
 def load_config(path: str | Path | None, overrides: list[str] | None = None,
                 base: dict[str, Any] | None = None) -> RunConfig:
     """Read a YAML run config (or start from ``base``), apply overrides, validate."""
     data: dict[str, Any] = dict(base or {})
     if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: expected a mapping at the top level, got {type(loaded).__name__}")
-        data = _merge(data, loaded)
-    data = _merge(data, parse_overrides(overrides or []))
+        data = merge(data, read_mapping(Path(path)))
+    data = merge(data, parse_overrides(overrides or []))
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

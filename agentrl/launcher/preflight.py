@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env import default_registry
+from agentrl.env.registry import load_imports
 from agentrl.errors import ConfigError, closest
 from agentrl.launcher.config import RunConfig
-from agentrl.launcher.resources import check_data, load_imports
+from agentrl.launcher.resources import check_data
 from agentrl.launcher.trackers import check_trackers
 from agentrl.models import resolve_model
 

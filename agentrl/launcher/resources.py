@@ -38,33 +38,6 @@ def pin_to_cores(cores: list[int]) -> None:
             pass  # the thread ended meanwhile
 
 
-def load_imports(imports: list[str]) -> None:
-    """Import user modules (``pkg.module``) or files (``path/to/file.py``) so their decorators register
-    environments and tools in this process. Each file is imported once per process."""
-    import importlib
-    import importlib.util
-    import sys
-
-    for ref in imports:
-        if ref.endswith(".py"):
-            path = Path(ref)
-            if not path.exists():
-                raise ConfigError(f"imports: {ref} does not exist")
-            name = f"agentrl_user_{path.stem}_{abs(hash(str(path.resolve())))}"
-            if name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        else:
-            try:
-                importlib.import_module(ref)
-            except ImportError as exc:
-                raise ConfigError(f"imports: cannot import {ref!r}: {exc}") from exc
-
-
 def check_task_source(source: str, *, prompt_key: str, answer_key: str | None, what: str) -> None:
     """Fail fast (before any server starts) unless ``source`` is a problem family of
     :mod:`agentrl.data.arithmetic` or a readable dataset with the keys (first row only). ``what`` names the

@@ -19,11 +19,11 @@ from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, R
 from agentrl.engine import EnginePool, SamplingParams, SGLangServer, SGLangServerConfig, pool_configs
 from agentrl.engine.recording import RecordingEngine
 from agentrl.env import default_registry
-from agentrl.env.registry import EnvResources
+from agentrl.env.registry import EnvResources, load_imports
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout import heldout_eval
 from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
-from agentrl.launcher.resources import heldout_tasks, load_imports, make_env_resources, pin_to_cores, tasks_from
+from agentrl.launcher.resources import heldout_tasks, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.tokenizer import ChatTokenizer
