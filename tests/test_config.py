@@ -1,10 +1,11 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentrl.errors import ConfigError
 from agentrl.launcher import recipes
-from agentrl.launcher.config import load_config
+from agentrl.launcher.config import load_config, save_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,14 +38,26 @@ def test_bad_configs_say_what_is_wrong(tmp_path):
 
 
 def test_trainer_scores_tokens_at_the_rollout_temperature():
-    assert "temperature" not in load_config(None, []).trainer.get("loss", {})  # T = 1: nothing to say
+    assert load_config(None, []).trainer.loss.temperature == 1.0  # T = 1: nothing to say
     cfg = load_config(None, ["rollout.temperature=1.3", "trainer.loss.kl_coef=0.1"])
-    assert cfg.trainer["loss"] == {"kl_coef": 0.1, "temperature": 1.3}
-    assert load_config(None, ["rollout.temperature=0.7", "trainer.loss.temperature=0.7"]).trainer["loss"] == {
-        "temperature": 0.7}
-    assert "temperature" not in load_config(None, ["rollout.temperature=0"]).trainer.get("loss", {})  # greedy
+    assert cfg.trainer.loss.kl_coef == 0.1 and cfg.trainer.loss.temperature == 1.3
+    assert load_config(None, ["rollout.temperature=0.7", "trainer.loss.temperature=0.7"]).trainer.loss.temperature == 0.7
+    greedy = load_config(None, ["rollout.temperature=0"]).trainer.loss
+    assert greedy.temperature == 1.0 and "temperature" not in greedy.model_fields_set  # greedy: left alone
     with pytest.raises(ConfigError, match="rollout.temperature 0.7"):
         load_config(None, ["rollout.temperature=0.7", "trainer.loss.temperature=1.0"])
+    with pytest.raises(ConfigError, match="top level"):
+        load_config(None, ["trainer.model=tiny"])
+
+
+def test_the_saved_config_reads_back_as_the_same_run(tmp_path):
+    cfg = load_config(None, ["rollout.temperature=1.3", "rollout.group_retries=5", "engine.dtype=float32",
+                             "trainer.layout=padded"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["rollout"]["group_retries"] == 5 and "scheduler" not in saved["rollout"]  # flat, as written
+    assert "model_path" not in saved["engine"]  # the run's `model`
 
 
 def test_misspelt_keys_get_the_closest_known_one():

@@ -93,11 +93,11 @@ def test_run_config_records_the_resolved_choice(flags: str, trainer: str, engine
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hardware, "cpu_info", lambda *_: ("cpu", frozenset(flags.split())))
     cfg = resolve_precision(load_config(None, ["model=tiny"]))
-    assert cfg.trainer["dtype"] == trainer and cfg.engine.dtype == engine
+    assert cfg.trainer.dtype == trainer and cfg.engine.server.dtype == engine
     kept = resolve_precision(load_config(None, ["trainer.dtype=fp32", "engine.dtype=bfloat16"]))
-    assert kept.trainer["dtype"] == "fp32" and kept.engine.dtype == "bfloat16"
+    assert kept.trainer.dtype == "fp32" and kept.engine.server.dtype == "bfloat16"
     external = resolve_precision(load_config(None, ["engine.url=http://127.0.0.1:1"]))
-    assert external.engine.dtype == "auto"  # a running server: its dtype is not ours to choose
+    assert external.engine.server.dtype == "auto"  # a running server: its dtype is not ours to choose
 
 
 def test_the_real_measurement_runs_here() -> None:

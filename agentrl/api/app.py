@@ -45,7 +45,6 @@ from agentrl.api.schemas import (
 )
 from agentrl.api.store import TaskStore
 from agentrl.api.worker import EvalWorkers
-from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import ConfigError, QueueError
 from agentrl.eval.base import SpecError, UnknownEnvironmentError
 from agentrl.eval.datasets import tasks_to_json
@@ -93,7 +92,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
                     sandbox_backend=settings.sandbox_backend, sandbox_options=settings.sandbox_options,
                     max_sandbox=settings.max_sandbox, verifier_workers=settings.verifier_workers,
                     max_servers=settings.max_servers, max_inflight=settings.max_inflight,
-                    max_episodes=settings.max_episodes, server_config=SGLangServerConfig(**settings.sglang),
+                    max_episodes=settings.max_episodes, server_config=settings.sglang,
                     log_dir=settings.data_dir / "logs", runs_dir=settings.runs_dir,
                     dataset_dirs=settings.dataset_dirs)
                 stack.push_async_callback(svc.aclose)

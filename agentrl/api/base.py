@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import AgentRLError
 
 TOKEN_ENV = "AGENTRL_API_TOKEN"
@@ -64,8 +65,8 @@ class ApiSettings(BaseModel):
     runs_dir: Path = Field(default=Path("runs"), description="where training runs (and their weight versions) live")
     dataset_dirs: list[Path] = Field(default_factory=lambda: [Path(".")],
                                      description="server-side dataset files must lie under one of these")
-    sglang: dict[str, Any] = Field(default_factory=dict,
-                                   description="SGLangServerConfig fields for servers the service starts")
+    sglang: SGLangServerConfig = Field(default_factory=SGLangServerConfig,
+                                       description="how the service starts SGLang servers (model_path: per request)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ApiSettings:

@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
+from agentrl.async_rollout.config import EpisodeBudget
 from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
 from agentrl.env.base import Environment, Observation
 from agentrl.errors import RewardError
@@ -33,14 +34,6 @@ class AgentState(enum.Enum):
     GENERATE = "generate"
     ACT = "act"
     DONE = "done"
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeBudget:
-    max_turns: int = 8  # model turns
-    max_response_tokens: int = 1024  # model + observation tokens after the prompt
-    max_context_tokens: int = 4096  # prompt + response
-    max_resumes: int = 8  # continuations of aborted requests within one episode
 
 
 @dataclass

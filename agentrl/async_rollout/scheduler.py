@@ -36,19 +36,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from agentrl.async_rollout.config import RolloutConfig
 from agentrl.async_rollout.curriculum import solved
 from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.async_rollout.staleness import StalenessManager
 from agentrl.env.base import Environment
-from agentrl.errors import AgentRLError, ConfigError, InfrastructureError
+from agentrl.errors import AgentRLError, InfrastructureError
 from agentrl.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
-
-UpdateMode = Literal["drain", "interrupt", "abort_restart"]
-
 
 class TrajectorySink(Protocol):
     async def put(self, trajectories: Sequence[Trajectory]) -> Any: ...
@@ -62,32 +60,6 @@ class ReloadableEngine(Protocol):
     async def update_weights(self, path: str, version: int) -> None: ...
     async def pause(self, mode: Any = "abort") -> None: ...
     async def resume(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutConfig:
-    n_samples: int = 4  # episodes per task (a GRPO group)
-    groups_per_step: int = 4  # groups the trainer consumes per step
-    max_staleness: int = 1  # η
-    max_running_groups: int = 8
-    update_mode: UpdateMode = "interrupt"
-    pause_mode: Literal["abort", "retract", "in_place"] = "retract"  # how "interrupt" pauses SGLang
-    group_retries: int = 2  # after infrastructure failures
-    max_stale_restarts: int = 3  # restarts of a group that would exceed η, then it is dropped
-    max_failed_groups: int = 32  # groups dropped after infrastructure failures before the run gives up
-    drop_uniform_groups: bool = False  # dynamic sampling: drop groups whose rewards are all equal
-    # a budget for it: at most this many groups dropped per group queued (running count); past it a uniform group
-    # is queued anyway (no policy-gradient signal, but the trainer does not starve as the policy sharpens)
-    max_dropped_per_queued: float | None = None
-    weight_wait_timeout_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.update_mode not in ("drain", "interrupt", "abort_restart"):
-            raise ConfigError(f"update_mode must be drain, interrupt or abort_restart, got {self.update_mode!r}")
-        if self.n_samples < 1:
-            raise ConfigError(f"n_samples must be >= 1, got {self.n_samples}")
-        if self.max_dropped_per_queued is not None and self.max_dropped_per_queued < 0:
-            raise ConfigError(f"max_dropped_per_queued must be >= 0 or None, got {self.max_dropped_per_queued}")
 
 
 @dataclass

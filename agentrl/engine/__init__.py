@@ -1,22 +1,50 @@
-"""Inference engines: SGLang servers, their HTTP client, and a pool of servers with sticky routing."""
+"""Inference engines: SGLang servers, their HTTP client, and a pool of servers with sticky routing.
 
-from agentrl.engine.base import (
-    PAUSE_MODES,
-    ControllableEngine,
-    EngineFinish,
-    EngineTimeout,
-    EngineUnavailable,
-    GenerateResult,
-    InferenceEngine,
-    PauseMode,
-    SamplingParams,
-)
-from agentrl.engine.client import Retry, SGLangClient, Timeouts
-from agentrl.engine.pool import EnginePool, MemberState, MemberStats, PoolConfig
-from agentrl.engine.server import SGLangServer, SGLangServerConfig, pool_configs
+The public names are loaded on first use, so the contract (``agentrl.engine.base``) and the server settings
+(``SGLangServerConfig``) can be read without the HTTP client or the pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrl.engine.base import (
+        PAUSE_MODES,
+        ControllableEngine,
+        EngineFinish,
+        EngineTimeout,
+        EngineUnavailable,
+        GenerateResult,
+        InferenceEngine,
+        PauseMode,
+        SamplingParams,
+    )
+    from agentrl.engine.client import Retry, SGLangClient, Timeouts
+    from agentrl.engine.pool import EnginePool, MemberState, MemberStats, PoolConfig
+    from agentrl.engine.server import SGLangServer, SGLangServerConfig, pool_configs
+
+_HOME = {
+    **dict.fromkeys(["PAUSE_MODES", "ControllableEngine", "EngineFinish", "EngineTimeout", "EngineUnavailable",
+                     "GenerateResult", "InferenceEngine", "PauseMode", "SamplingParams"], "base"),
+    **dict.fromkeys(["Retry", "SGLangClient", "Timeouts"], "client"),
+    **dict.fromkeys(["EnginePool", "MemberState", "MemberStats", "PoolConfig"], "pool"),
+    **dict.fromkeys(["SGLangServer", "SGLangServerConfig", "pool_configs"], "server"),
+}
 
 __all__ = [
     "PAUSE_MODES", "ControllableEngine", "EngineFinish", "EnginePool", "EngineTimeout", "EngineUnavailable", "GenerateResult",
     "InferenceEngine", "MemberState", "MemberStats", "PauseMode", "PoolConfig", "Retry", "SGLangClient",
     "SGLangServer", "SGLangServerConfig", "SamplingParams", "Timeouts", "pool_configs",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import Field
 
 from agentrl.errors import EngineError
 
@@ -47,10 +49,13 @@ class GenerateResult:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    """SGLang's sampling parameters of one request (the bounds are checked where they come from outside: a run's
+    ``rollout:`` section). ``seed`` fixes the sampling of every request: samples of one prompt come out alike."""
+
+    max_new_tokens: Annotated[int, Field(ge=1)] = 256
+    temperature: Annotated[float, Field(ge=0)] = 1.0  # 0: greedy
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1  # -1: all tokens
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False

@@ -45,7 +45,7 @@ class SGLangServerConfig(BaseModel):
     tp_size: int = 1
     base_gpu_id: int | None = None  # first GPU of this server (several servers on one node); GPU only
     mem_fraction_static: float | None = None
-    python: str = Field(default_factory=lambda: sys.executable)
+    python: str | None = None  # interpreter of the SGLang environment (None: the one running agentrl)
     startup_timeout_s: float = 300.0
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -97,7 +97,7 @@ class SGLangServer:
     def command(self) -> list[str]:
         c = self.config
         cmd = [
-            c.python, "-m", "sglang.launch_server",
+            c.python or sys.executable, "-m", "sglang.launch_server",
             "--model-path", c.model_path,
             "--host", c.host, "--port", str(self.port),
             "--dtype", engine_dtype(c.dtype, c.device),

@@ -6,38 +6,106 @@ Each component's constructor gets only its own section. The resolved configurati
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from agentrl.async_rollout.config import EpisodeBudget, RolloutConfig
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import ConfigError, closest
 from agentrl.launcher.trackers import TrackioSection, WandbSection
 from agentrl.overrides import merge, parse_overrides, read_mapping
+from agentrl.trainer.config import TrainerSettings
 
-__all__ = ["RunConfig", "describe_errors", "load_config", "parse_overrides", "save_config"]
+__all__ = ["RunConfig", "config_keys", "describe_errors", "load_config", "parse_overrides", "save_config"]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class EngineSection(_Section):
-    """The SGLang server(s). ``url``: use a running server instead of starting one."""
+class _Composed(_Section):
+    """A section that composes component configs (its ``PARTS``): in YAML one flat mapping of their fields and its
+    own (``rollout.temperature``), in code one typed object per component (``cfg.rollout.sampling``), handed to
+    that component's constructor as is. Every key has one owner, the component's class; the part's default here
+    (``scheduler: RolloutConfig = RolloutConfig()``) is the run's default for every key of it a YAML leaves out."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ()
+    HIDDEN: ClassVar[frozenset[str]] = frozenset()  # part fields the run sets itself (not YAML keys)
+
+    @classmethod
+    def part_type(cls, part: str) -> type:
+        kind = cls.model_fields[part].annotation
+        assert isinstance(kind, type), f"{cls.__name__}.{part} must be annotated with a class"
+        return kind
+
+    @classmethod
+    def part_keys(cls, part: str) -> list[str]:
+        return [k for k in _field_names(cls.part_type(part)) if k not in cls.HIDDEN]
+
+    @classmethod
+    def yaml_keys(cls) -> list[str]:
+        own = [k for k in cls.model_fields if k not in cls.PARTS]
+        return own + [k for part in cls.PARTS for k in cls.part_keys(part)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _route_flat_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for part in cls.PARTS:
+            base = data.pop(part, None)
+            if base is None:
+                base = cls.model_fields[part].get_default(call_default_factory=True)
+            elif not isinstance(base, cls.part_type(part)):  # a typed object, from Python only
+                raise ValueError(f"unknown key {part!r}: its keys ({', '.join(cls.part_keys(part))}) are written "
+                                 "directly in this section")
+            given = {k: data.pop(k) for k in cls.part_keys(part) if k in data}
+            data[part] = {**_field_values(base), **given}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _flatten(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        own: dict[str, Any] = handler(self)
+        flat = {k: v for part in self.PARTS for k, v in own.pop(part).items() if k not in self.HIDDEN}
+        return {**flat, **own}
+
+
+def _field_names(cls: Any) -> list[str]:
+    return list(cls.model_fields) if issubclass(cls, BaseModel) else [f.name for f in dataclasses.fields(cls)]
+
+
+def _field_values(obj: Any) -> dict[str, Any]:
+    return dict(obj) if isinstance(obj, BaseModel) else {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+class EngineSection(_Composed):
+    """The SGLang server(s): how to start each (``server``: every SGLangServerConfig key but ``model_path``, which
+    is the run's ``model``), or ``url`` of running ones."""
+
+    PARTS = ("server",)
+    HIDDEN = frozenset({"model_path"})
 
     url: str | None = None  # one URL, or several separated by commas (a pool of running servers)
     num_servers: int = Field(1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
-    device: Literal["cpu", "cuda"] = "cpu"
-    dtype: str = "auto"  # auto: float32, or bfloat16 where this CPU/GPU multiplies bf16 fast (agentrl.hardware)
-    max_total_tokens: int | None = 16384
-    context_length: int | None = None
-    tp_size: int = 1
-    python: str | None = None  # interpreter of the SGLang environment (default: this one)
-    startup_timeout_s: float = 300.0
-    extra_args: list[str] = Field(default_factory=list)
     record_requests: bool = False  # debug: every generate call → runs/<name>/engine_requests.jsonl
+    server: SGLangServerConfig = SGLangServerConfig()
 
 
 class RedisSection(_Section):
@@ -68,21 +136,16 @@ class DataSection(_Section):
     answer_key: str | None = Field("answer", min_length=1)  # e.g. reward_model.ground_truth (verl's layout)
 
 
-class RolloutSection(_Section):
-    n_samples: int = Field(2, ge=1)  # episodes per prompt (GRPO group)
-    groups_per_step: int = Field(4, ge=1)  # prompts per trainer step
-    max_staleness: int = Field(0, ge=0)  # η; 0 = synchronous
-    max_running_groups: int = Field(8, ge=1)
-    update_mode: Literal["drain", "interrupt", "abort_restart"] = "interrupt"
-    pause_mode: Literal["abort", "retract", "in_place"] = "retract"  # how update_mode "interrupt" pauses SGLang
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(128, ge=1)  # per model turn
-    max_turns: int = Field(4, ge=1)
-    max_response_tokens: int = Field(512, ge=1)
-    max_context_tokens: int = Field(2048, ge=16)
-    drop_uniform_groups: bool = False
-    max_dropped_per_queued: float | None = Field(None, ge=0)  # budget of drop_uniform_groups (None: no limit)
+class RolloutSection(_Composed):
+    """The rollout process: the scheduler (:class:`RolloutConfig`, whose defaults are the run's), the engine's
+    sampling (:class:`SamplingParams`) and each episode's budget (:class:`EpisodeBudget`), plus skip-solved."""
+
+    PARTS = ("scheduler", "sampling", "budget")
+
+    scheduler: RolloutConfig = RolloutConfig()
+    # the run's defaults (CPU-sized turns and episodes) win over these classes' own for every key a YAML leaves out
+    sampling: SamplingParams = SamplingParams(max_new_tokens=128)
+    budget: EpisodeBudget = EpisodeBudget(max_turns=4, max_response_tokens=512, max_context_tokens=2048)
     # skip prompts (or generated wordings) the policy has mastered: pass rate >= skip_solved_rate over their last
     # skip_solved_window groups; a skip_solved_keep fraction of them still runs, to recheck (0 = off)
     skip_solved_window: int = Field(0, ge=0)
@@ -149,18 +212,15 @@ class RunConfig(_Section):
     data: DataSection = Field(default_factory=DataSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     sft: SFTSection = Field(default_factory=SFTSection)
-    trainer: dict[str, Any] = Field(default_factory=dict)  # agentrl.trainer.TrainerConfig minus `model`
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)  # with the top-level model: TrainerConfig
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
     monitor: MonitorSection = Field(default_factory=MonitorSection)
 
-    @field_validator("trainer")
+    @field_validator("trainer", mode="before")
     @classmethod
-    def _trainer_section_is_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from agentrl.trainer.config import TrainerConfig
-
-        if "model" in value:
+    def _model_is_top_level(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "model" in value:
             raise ValueError("set the model at the top level (`model:`), not in the trainer section")
-        TrainerConfig(model="-", **value)
         return value
 
     @model_validator(mode="after")
@@ -168,15 +228,15 @@ class RunConfig(_Section):
         """The trainer's log-probs must be those of the distribution the engine sampled from (logits / T), or
         every importance ratio is off by the temperature: ``trainer.loss.temperature`` follows
         ``rollout.temperature`` unless set, and may not contradict it (greedy sampling, T = 0, leaves it alone)."""
-        sampled = self.rollout.temperature
-        loss = self.trainer.get("loss", {})
+        sampled = self.rollout.sampling.temperature
+        loss = self.trainer.loss
         if sampled <= 0:
             return self
-        if "temperature" not in loss:
+        if "temperature" not in loss.model_fields_set:
             if sampled != 1.0:
-                self.trainer = {**self.trainer, "loss": {**loss, "temperature": sampled}}
-        elif float(loss["temperature"]) != sampled:
-            raise ValueError(f"trainer.loss.temperature {loss['temperature']} differs from rollout.temperature "
+                self.trainer = self.trainer.model_copy(update={"loss": loss.model_copy(update={"temperature": sampled})})
+        elif loss.temperature != sampled:
+            raise ValueError(f"trainer.loss.temperature {loss.temperature} differs from rollout.temperature "
                              f"{sampled}: the trainer must score tokens at the temperature they were sampled at "
                              "(leave trainer.loss.temperature unset to follow the rollout's)")
         return self
@@ -217,23 +277,37 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         raise ConfigError("invalid run configuration:\n" + describe_errors(exc, RunConfig)) from None
 
 
-def _section_model(cls: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model that holds the key at ``loc`` (``trainer`` is a dict checked as a TrainerConfig)."""
-    from agentrl.trainer.config import TrainerConfig
+def config_keys(cls: type[BaseModel] = RunConfig, prefix: str = "") -> Iterator[str]:
+    """Every dotted key a YAML may set under ``cls`` (a composed section's parts are flat: ``rollout.temperature``)."""
+    for name in _keys_here(cls):
+        yield prefix + name
+        field = cls.model_fields.get(name)
+        for inner in (field.annotation, *getattr(field.annotation, "__args__", ())) if field is not None else ():
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                yield from config_keys(inner, f"{prefix}{name}.")
 
-    for part in loc:
-        if cls is RunConfig and part == "trainer":
-            cls = TrainerConfig
+
+def _keys_here(cls: type[BaseModel]) -> list[str]:
+    return cls.yaml_keys() if issubclass(cls, _Composed) else list(cls.model_fields)
+
+
+def _yaml_location(root: type[BaseModel], loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, tuple[str, ...]]:
+    """The model holding the key at ``loc`` and the key's YAML path (a composed section's part names dropped)."""
+    cls: type[BaseModel] | None = root
+    path: list[str] = []
+    for part in map(str, loc):
+        if cls is None:
+            path.append(part)
             continue
-        field = cls.model_fields.get(str(part))
-        if field is None:
-            return None
-        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        if issubclass(cls, _Composed) and part in cls.PARTS:
+            cls = None  # a part's own keys are the section's
+            continue
+        path.append(part)
+        field = cls.model_fields.get(part)
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())] if field is not None else []
         models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
-        if not models:
-            return None
-        cls = models[0]
-    return cls
+        cls = models[0] if models else None
+    return cls, tuple(path)
 
 
 def describe_errors(exc: ValidationError, root: type[BaseModel]) -> str:
@@ -241,14 +315,15 @@ def describe_errors(exc: ValidationError, root: type[BaseModel]) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
-        key = ".".join(str(p) for p in loc)
         if err["type"] == "extra_forbidden":
-            holder = _section_model(root, loc[:-1])
-            known = sorted(holder.model_fields) if holder is not None else []
+            holder, where = _yaml_location(root, loc[:-1])
+            known = sorted(_keys_here(holder)) if holder is not None else []
             close = closest(str(loc[-1]), known)
-            hint = f" (did you mean {'.'.join([*map(str, loc[:-1]), close])!r}?)" if close else ""
+            hint = f" (did you mean {'.'.join([*where, close])!r}?)" if close else ""
+            key = ".".join([*where, str(loc[-1])])
             lines.append(f"  {key}: unknown key{hint}; known keys here: {', '.join(known) or '?'}")
         else:
+            key = ".".join(_yaml_location(root, loc)[1])
             lines.append(f"  {key or '(top level)'}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)
 

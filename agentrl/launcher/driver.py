@@ -191,18 +191,17 @@ def resolve_precision(cfg: RunConfig) -> RunConfig:
     ``config.yaml`` records what ran. A GPU trainer placed by Ray on another node keeps ``auto`` when this
     process sees no GPU: the trainer resolves it where it runs and logs the choice."""
     update: dict[str, Any] = {}
-    trainer = dict(cfg.trainer)
-    device = trainer.get("device", "auto")
+    device = cfg.trainer.device
     if device == "auto":
         device = "cuda" if cfg.resources.trainer_num_gpus > 0 else "cpu"
-    if trainer.get("dtype", "auto") == "auto" and (device == "cpu" or _sees_gpu()):
+    if cfg.trainer.dtype == "auto" and (device == "cpu" or _sees_gpu()):
         p = resolve_dtype("auto", device)
-        trainer["dtype"] = p.dtype
-        update["trainer"] = trainer
+        update["trainer"] = cfg.trainer.model_copy(update={"dtype": p.dtype})
         logger.info("trainer dtype: auto -> %s (%s)", p.dtype, p.reason)
-    if cfg.engine.dtype == "auto" and cfg.engine.url is None:
-        chosen = engine_dtype("auto", cfg.engine.device)
-        update["engine"] = cfg.engine.model_copy(update={"dtype": chosen})
+    server = cfg.engine.server
+    if server.dtype == "auto" and cfg.engine.url is None:
+        chosen = engine_dtype("auto", server.device)
+        update["engine"] = cfg.engine.model_copy(update={"server": server.model_copy(update={"dtype": chosen})})
         logger.info("engine dtype: auto -> %s", chosen if chosen != "auto" else "the model's own (SGLang on GPU)")
     return cfg.model_copy(update=update)
 
@@ -273,8 +272,8 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         if start_version > 0:  # the resumed trainer re-publishes it (re-exported if it was pruned)
             await _first(rollout.load_version.remote(start_version), trainers)
         # groups the trainer still needs, less the complete groups waiting in the queue (carried from before)
-        total_groups = max(0, (cfg.steps - start_version) * cfg.rollout.groups_per_step
-                           - carried // cfg.rollout.n_samples)
+        r = cfg.rollout.scheduler
+        total_groups = max(0, (cfg.steps - start_version) * r.groups_per_step - carried // r.n_samples)
         t_rl = time.monotonic()
         rollout_stats = await _first(rollout.run.remote(total_groups, cfg.steps), trainers)
         await trainers.wait()

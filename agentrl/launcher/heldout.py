@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrl.async_rollout.episode import EpisodeBudget
-from agentrl.engine.base import InferenceEngine, SamplingParams
+from agentrl.engine.base import InferenceEngine
 from agentrl.env.registry import EnvResources
 from agentrl.eval import EvalPlan, SampleRecord, run_plan
 from agentrl.launcher.config import RunConfig
@@ -34,10 +34,8 @@ def heldout_plan(cfg: RunConfig) -> EvalPlan:
     r = cfg.rollout
     return EvalPlan(
         env_name=cfg.env.name, env_options=dict(cfg.env.options),
-        sampling=SamplingParams(max_new_tokens=r.max_new_tokens, temperature=0.0, top_p=r.top_p),
-        budget=EpisodeBudget(max_turns=r.max_turns, max_response_tokens=r.max_response_tokens,
-                             max_context_tokens=r.max_context_tokens),
-        max_concurrency=r.max_running_groups, sample_retries=0, max_consecutive_errors=None,
+        sampling=replace(r.sampling, temperature=0.0), budget=r.budget,
+        max_concurrency=r.scheduler.max_running_groups, sample_retries=0, max_consecutive_errors=None,
         episode_timeout_s=None, keep_trajectories=True)
 
 

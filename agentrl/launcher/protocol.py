@@ -37,7 +37,7 @@ def queue_capacity(cfg: RunConfig) -> int:
     """Unacknowledged entries the stream may hold before producers block (backpressure, never drops): the
     ``checkpoint_every`` steps read but not yet acknowledged (acks wait for the checkpoint), plus η + 1 steps
     ahead. Any less and a trainer between checkpoints could wait for entries the blocked producers hold."""
-    r = cfg.rollout
+    r = cfg.rollout.scheduler
     return max(16, (cfg.checkpoint_every + r.max_staleness + 1) * r.groups_per_step * r.n_samples)
 
 

@@ -103,7 +103,7 @@ def heldout_tasks(cfg: RunConfig) -> list[Task]:
 
 def sft_max_tokens(cfg: RunConfig) -> int:
     """``sft.max_tokens``, by default the rollout's context (what the model sees at generation time at most)."""
-    return cfg.sft.max_tokens or cfg.rollout.max_context_tokens
+    return cfg.sft.max_tokens or cfg.rollout.budget.max_context_tokens
 
 
 def sft_traces_file(cfg: RunConfig, tok: ChatTokenizer, out: Path) -> SFTDataStats:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler, SkipSolved
-from agentrl.engine import EnginePool, SamplingParams, SGLangServer, SGLangServerConfig, pool_configs
+from agentrl.async_rollout import EpisodeRunner, RolloutScheduler, SkipSolved
+from agentrl.engine import EnginePool, SGLangServer, pool_configs
 from agentrl.engine.recording import RecordingEngine
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources, load_imports
@@ -103,10 +102,7 @@ class RolloutWorker:
     async def _start_servers(self, model: Path) -> list[SGLangServer]:
         """``engine.num_servers`` SGLang servers, started side by side (on GPU each on its own devices)."""
         e = self.cfg.engine
-        base = SGLangServerConfig(model_path=str(model), device=e.device, dtype=e.dtype,
-                                  max_total_tokens=e.max_total_tokens, context_length=e.context_length,
-                                  tp_size=e.tp_size, python=e.python or sys.executable,
-                                  startup_timeout_s=e.startup_timeout_s, extra_args=e.extra_args)
+        base = e.server.model_copy(update={"model_path": str(model)})
         configs = pool_configs(base, e.num_servers)
         servers = []
         for i, config in enumerate(configs):
@@ -120,15 +116,8 @@ class RolloutWorker:
         logger.info("sglang ready on %s", ", ".join(s.url for s in servers))
         return servers
 
-    def _runner(self, *, temperature: float | None = None) -> EpisodeRunner:
-        r = self.cfg.rollout
-        return EpisodeRunner(
-            self.engine, self.tok,
-            SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p,
-                           temperature=r.temperature if temperature is None else temperature),
-            EpisodeBudget(max_turns=r.max_turns, max_response_tokens=r.max_response_tokens,
-                          max_context_tokens=r.max_context_tokens),
-        )
+    def _runner(self) -> EpisodeRunner:
+        return EpisodeRunner(self.engine, self.tok, self.cfg.rollout.sampling, self.cfg.rollout.budget)
 
     def _make_env(self) -> Any:
         return default_registry.make_env(self.cfg.env.name, self.resources, **self.cfg.env.options)
@@ -162,12 +151,7 @@ class RolloutWorker:
                                keep=r.skip_solved_keep, seed=self.cfg.seed)
         self.scheduler = RolloutScheduler(
             runner=self._runner(), engine=self.client, make_env=self._make_env, env_name=self.cfg.env.name,
-            tasks=tasks, sink=self.queue, weights=self.registry,
-            config=RolloutConfig(n_samples=r.n_samples, groups_per_step=r.groups_per_step,
-                                 max_staleness=r.max_staleness, max_running_groups=r.max_running_groups,
-                                 update_mode=r.update_mode, pause_mode=r.pause_mode,
-                                 drop_uniform_groups=r.drop_uniform_groups,
-                                 max_dropped_per_queued=r.max_dropped_per_queued),
+            tasks=tasks, sink=self.queue, weights=self.registry, config=r.scheduler,
             initial_version=await self.client.weight_version(),
             on_group=RolloutLog(self.run_dir / "rollouts.jsonl", self.cfg.log_rollouts)
             if self.cfg.log_rollouts != "none" else None,

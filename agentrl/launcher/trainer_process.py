@@ -32,7 +32,7 @@ from agentrl.launcher.protocol import queue_capacity, read_groups, registry_name
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.queue.base import QueueEntry
-from agentrl.trainer import Trace, Trainer, TrainerConfig, broadcast_object, latest_checkpoint
+from agentrl.trainer import Trace, Trainer, broadcast_object, latest_checkpoint
 from agentrl.trainer.storage import intact_hf_folder, prune_checkpoints
 from agentrl.types import Trajectory
 
@@ -46,19 +46,9 @@ def load_traces(path: Path) -> list[Trace]:
 def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path) -> Path:
     """Cold-start SFT on ``run_dir/sft_traces.jsonl``; exports and returns ``weights/v0``."""
     traces = load_traces(run_dir / "sft_traces.jsonl")
-    tcfg = TrainerConfig(
-        model=str(base_model),
-        **{
-            **cfg.trainer,
-            "optimizer": {
-                **cfg.trainer.get("optimizer", {}),
-                "lr": cfg.sft.lr,
-                "warmup_steps": 0,
-                "schedule": "constant",
-                "total_steps": None,
-            },
-        },
-    )
+    optimizer = cfg.trainer.optimizer.model_copy(update={"lr": cfg.sft.lr, "warmup_steps": 0, "schedule": "constant",
+                                                         "total_steps": None})
+    tcfg = cfg.trainer.model_copy(update={"optimizer": optimizer}).for_model(str(base_model))
     target = run_dir / "weights" / "v0"
     with Trainer(tcfg) as sft, open(run_dir / "sft_metrics.jsonl", "a") as out:
         bs = cfg.sft.batch_size
@@ -110,7 +100,7 @@ async def train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: i
                 await r0.registry.publish(0, str(v0_path), step=0, metrics={})
                 logger.info("published v0: %s", v0_path)
         policy = run_dir / "weights" / "v0" if (run_dir / "weights" / "v0" / "config.json").exists() else base_model
-        with Trainer(TrainerConfig(model=str(policy), **cfg.trainer)) as trainer:
+        with Trainer(cfg.trainer.for_model(str(policy))) as trainer:
             if ckpt is not None:
                 extra = trainer.load_checkpoint(ckpt)
                 current = run_dir / "weights" / f"v{trainer.weight_version}"
@@ -163,7 +153,8 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
     t0 = time.monotonic()
     entries: list[QueueEntry] = []
     if r0 is not None:
-        entries = await read_groups(r0.queue, groups=cfg.rollout.groups_per_step, group_size=cfg.rollout.n_samples,
+        entries = await read_groups(r0.queue, groups=cfg.rollout.scheduler.groups_per_step,
+                                    group_size=cfg.rollout.scheduler.n_samples,
                                     carry=r0.carry, stop_after_s=3600)
     wait_s = time.monotonic() - t0
     batch: list[Trajectory] = broadcast_object([e.trajectory for e in entries] if r0 is not None else None)

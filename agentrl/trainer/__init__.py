@@ -21,7 +21,7 @@ if TYPE_CHECKING:
         prepare_rl,
         prepare_sft,
     )
-    from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig
+    from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig, TrainerSettings
     from agentrl.trainer.engine import Trainer, broadcast_object
     from agentrl.trainer.storage import latest_checkpoint
 
@@ -29,7 +29,7 @@ _HOME = {
     "SFTMetrics": "base", "StepMetrics": "base", "TokenTrace": "base", "Trace": "base",
     "MicroBatch": "collate", "PreparedBatch": "collate", "SeqSample": "collate", "plan_micro_batches": "collate",
     "prepare_rl": "collate", "prepare_sft": "collate",
-    "LossConfig": "config", "OptimizerConfig": "config", "TrainerConfig": "config",
+    "LossConfig": "config", "OptimizerConfig": "config", "TrainerConfig": "config", "TrainerSettings": "config",
     "Trainer": "engine", "broadcast_object": "engine",
     "latest_checkpoint": "storage",
 }
@@ -46,6 +46,7 @@ __all__ = [
     "Trace",
     "Trainer",
     "TrainerConfig",
+    "TrainerSettings",
     "broadcast_object",
     "latest_checkpoint",
     "plan_micro_batches",

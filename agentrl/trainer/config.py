@@ -1,7 +1,8 @@
 """Trainer configuration (pydantic v2: it is read from the run's YAML).
 
-``TrainerConfig`` holds everything the :class:`~agentrl.trainer.Trainer` needs, with the objective in its
-``loss`` section (:class:`LossConfig`) and the optimiser in ``optimizer`` (:class:`OptimizerConfig`).
+``TrainerConfig`` holds everything the :class:`~agentrl.trainer.Trainer` needs: the model and its
+:class:`TrainerSettings` (a run's ``trainer:`` section), with the objective in their ``loss`` section
+(:class:`LossConfig`) and the optimiser in ``optimizer`` (:class:`OptimizerConfig`).
 Unknown keys are rejected so a typo in a YAML file fails loudly.
 """
 
@@ -108,15 +109,11 @@ class LossConfig(_Strict):
         return self.correction != "none" and self.proximal == "recompute"
 
 
-class TrainerConfig(_Strict):
-    """One trainer process group: model, precision, batching, optimiser and objective.
+class TrainerSettings(_Strict):
+    """Everything a trainer needs besides the weights it starts from: precision, batching, optimiser and objective
+    (a run's ``trainer:`` section; the run's top-level ``model`` names the weights). ``ref_model`` (default: the
+    model) is the frozen reference policy, loaded only when ``loss.kl_coef > 0``."""
 
-    ``model`` is a local Hugging Face folder (resolve named models such as ``tiny`` with
-    :func:`agentrl.models.resolve_model` first). ``ref_model`` (default: ``model``) is the frozen reference
-    policy, loaded only when ``loss.kl_coef > 0``.
-    """
-
-    model: str
     ref_model: str | None = None
     optimizer: OptimizerConfig = OptimizerConfig()  # frozen: sharing the default instance is safe
     loss: LossConfig = LossConfig()
@@ -135,3 +132,14 @@ class TrainerConfig(_Strict):
         default=None, ge=1
     )  # torch intra-op threads of this process (None: leave as is)
     seed: int = 0
+
+    def for_model(self, model: str) -> TrainerConfig:
+        """These settings for the trainer of ``model``."""
+        return TrainerConfig(model=model, **dict(self))
+
+
+class TrainerConfig(TrainerSettings):
+    """One trainer process group: ``model``, a local Hugging Face folder (resolve named models such as ``tiny``
+    with :func:`agentrl.models.resolve_model` first), and its settings."""
+
+    model: str

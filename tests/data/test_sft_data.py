@@ -24,7 +24,6 @@ from agentrl.data.sft import (
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.env.registry import EnvResources
 from agentrl.env.retool import ReToolEnv, format_interpreter
-from agentrl.launcher.trainer_process import load_traces
 from agentrl.rewards import MathVerifier
 from agentrl.sandbox import make_sandbox
 from agentrl.tokenizer import ChatTokenizer, tokenize_trace
