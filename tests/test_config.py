@@ -1,11 +1,14 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
+from agentrl.async_rollout import EpisodeBudget, RolloutConfig
+from agentrl.engine import SamplingParams, SGLangServerConfig
 from agentrl.errors import ConfigError
 from agentrl.launcher import recipes
-from agentrl.launcher.config import load_config, save_config
+from agentrl.launcher.config import EngineSection, load_config, save_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,3 +71,39 @@ def test_misspelt_keys_get_the_closest_known_one():
     assert "trainer.optimzer: unknown key (did you mean 'trainer.optimizer'?)" in text
     assert "monitor.wandb.projct: unknown key (did you mean 'monitor.wandb.project'?)" in text
     assert "steps: Input should be greater than or equal to 1 (got 0)" in text
+
+
+#: a valid value other than the default, where "default + 1" (ints), "not default" (bools) or "default / 2"
+#: (floats) would not do
+OTHER = {"update_mode": "drain", "pause_mode": "abort", "max_dropped_per_queued": 1.5, "seed": 7, "stop": ["</x>"],
+         "stop_token_ids": [5]}
+
+
+def _other(name: str, default: object) -> object:
+    if name in OTHER:
+        return OTHER[name]
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    assert isinstance(default, float), f"pick a value for {name} in OTHER"
+    return default / 2
+
+
+@pytest.mark.parametrize(("owner", "part"), [(RolloutConfig, "scheduler"), (SamplingParams, "sampling"),
+                                             (EpisodeBudget, "budget")])
+def test_every_rollout_knob_is_set_from_yaml(owner, part):
+    """Every field of the scheduler's config, the sampling parameters and the episode budget is a `rollout:` key,
+    and setting it reaches the very object that component receives."""
+    defaults = owner()
+    for f in dataclasses.fields(owner):
+        value = _other(f.name, getattr(defaults, f.name))
+        cfg = load_config(None, [f"rollout.{f.name}={yaml.safe_dump(value, default_flow_style=True).strip()}"])
+        got = getattr(getattr(cfg.rollout, part), f.name)
+        assert (list(got) if isinstance(got, tuple) else got) == value, f.name
+
+
+def test_every_server_setting_is_an_engine_key():
+    keys = set(EngineSection.yaml_keys())
+    assert set(SGLangServerConfig.model_fields) - {"model_path"} <= keys  # model_path: the run's `model`
+    assert load_config(None, ["engine.mem_fraction_static=0.5"]).engine.server.mem_fraction_static == 0.5

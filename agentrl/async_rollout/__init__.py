@@ -6,8 +6,9 @@ imports no rollout code: the trainer process reads the run configuration and imp
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentrl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentrl.async_rollout.config import EpisodeBudget, RolloutConfig
@@ -17,20 +18,14 @@ if TYPE_CHECKING:
     from agentrl.async_rollout.staleness import StalenessManager
 
 _HOME = {
-    "EpisodeBudget": "config", "RolloutConfig": "config", "SkipSolved": "curriculum", "AgentState": "episode",
-    "EpisodeRunner": "episode", "RolloutScheduler": "scheduler", "RolloutStats": "scheduler",
-    "StalenessManager": "staleness",
+    **dict.fromkeys(["EpisodeBudget", "RolloutConfig"], "config"),
+    **dict.fromkeys(["SkipSolved"], "curriculum"),
+    **dict.fromkeys(["AgentState", "EpisodeRunner"], "episode"),
+    **dict.fromkeys(["RolloutScheduler", "RolloutStats"], "scheduler"),
+    **dict.fromkeys(["StalenessManager"], "staleness"),
 }
 
 __all__ = ["AgentState", "EpisodeBudget", "EpisodeRunner", "RolloutConfig", "RolloutScheduler", "RolloutStats",
            "SkipSolved", "StalenessManager"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

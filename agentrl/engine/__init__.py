@@ -6,8 +6,9 @@ The public names are loaded on first use, so the contract (``agentrl.engine.base
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentrl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentrl.engine.base import (
@@ -39,12 +40,4 @@ __all__ = [
     "SGLangServer", "SGLangServerConfig", "SamplingParams", "Timeouts", "pool_configs",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

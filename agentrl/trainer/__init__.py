@@ -8,8 +8,9 @@ training code.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentrl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentrl.trainer.base import SFTMetrics, StepMetrics, TokenTrace, Trace
@@ -26,12 +27,12 @@ if TYPE_CHECKING:
     from agentrl.trainer.storage import latest_checkpoint
 
 _HOME = {
-    "SFTMetrics": "base", "StepMetrics": "base", "TokenTrace": "base", "Trace": "base",
-    "MicroBatch": "collate", "PreparedBatch": "collate", "SeqSample": "collate", "plan_micro_batches": "collate",
-    "prepare_rl": "collate", "prepare_sft": "collate",
-    "LossConfig": "config", "OptimizerConfig": "config", "TrainerConfig": "config", "TrainerSettings": "config",
-    "Trainer": "engine", "broadcast_object": "engine",
-    "latest_checkpoint": "storage",
+    **dict.fromkeys(["SFTMetrics", "StepMetrics", "TokenTrace", "Trace"], "base"),
+    **dict.fromkeys(["MicroBatch", "PreparedBatch", "SeqSample", "plan_micro_batches", "prepare_rl", "prepare_sft"],
+                    "collate"),
+    **dict.fromkeys(["LossConfig", "OptimizerConfig", "TrainerConfig", "TrainerSettings"], "config"),
+    **dict.fromkeys(["Trainer", "broadcast_object"], "engine"),
+    **dict.fromkeys(["latest_checkpoint"], "storage"),
 }
 
 __all__ = [
@@ -54,12 +55,4 @@ __all__ = [
     "prepare_sft",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)
