@@ -39,6 +39,9 @@ def main(
 
 Resume = Annotated[bool, typer.Option("--resume", help="continue the run in its directory from its last checkpoint")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="delete the run directory's earlier run and start over")]
+Debug = Annotated[bool, typer.Option("--debug", help="run the controller, rollout and trainer (world size 1) in this "
+                                     "one process without Ray, so breakpoint() and debuggers work anywhere "
+                                     "(resources.ray=false)")]
 
 
 def _run(config_path: Path | None, overrides: list[str], base: dict | None, prefix: str, *, resume: bool,
@@ -65,13 +68,14 @@ def demo(
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. steps=3")] = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
+    debug: Debug = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """The main job on embedded defaults: ReTool-style cold-start SFT, then async RL with a code interpreter."""
     from agentrl.launcher import recipes
 
     _setup_logging(verbose)
-    _run(None, overrides or [], recipes.SMOKE if smoke else recipes.DEMO, "smoke" if smoke else "demo",
+    _run(None, _with_debug(overrides, debug), recipes.SMOKE if smoke else recipes.DEMO, "smoke" if smoke else "demo",
          resume=resume, overwrite=overwrite)
 
 
@@ -81,11 +85,16 @@ def train(
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides")] = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
+    debug: Debug = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """A training run from a config file (a run directory that holds a run needs --resume or --overwrite)."""
     _setup_logging(verbose)
-    _run(config, overrides or [], None, "train", resume=resume, overwrite=overwrite)
+    _run(config, _with_debug(overrides, debug), None, "train", resume=resume, overwrite=overwrite)
+
+
+def _with_debug(overrides: list[str] | None, debug: bool) -> list[str]:
+    return [*(overrides or []), *(["resources.ray=false"] if debug else [])]
 
 
 def _mount_sandbox() -> None:

@@ -71,7 +71,7 @@ def _arrows() -> dict[str, set[str]]:
 def test_the_import_walk_sees_every_kind_of_import() -> None:
     arrows = _arrows()
     assert "agentrl.launcher.config" in arrows["agentrl.launcher.trainer_process"]  # module level
-    assert "agentrl.launcher.trainer_process" in arrows["agentrl.launcher.driver"]  # inside a function
+    assert "agentrl.launcher.trainer_process" in arrows["agentrl.launcher.placement"]  # inside a function
     assert "agentrl.queue" in arrows["agentrl.launcher.protocol"]
 
 

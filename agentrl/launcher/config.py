@@ -169,8 +169,11 @@ class SFTSection(_Section):
 
 class ResourcesSection(_Section):
     """Where the parts run. A local Ray cluster by default (no dashboard, no auth token files); ``ray_address``
-    joins an existing cluster. ``*_cores`` pin processes to CPU cores (each side gets its own, as on a cluster)."""
+    joins an existing cluster. ``*_cores`` pin processes to CPU cores (each side gets its own, as on a cluster).
+    ``ray: false`` is debug mode (``agentrl train --debug``): everything in the controller's process, no Ray
+    (:mod:`agentrl.launcher.placement`)."""
 
+    ray: bool = True
     ray_address: str | None = None
     trainer_world_size: int = Field(1, ge=1)
     trainer_num_cpus: float = Field(1.0, gt=0)
@@ -179,6 +182,15 @@ class ResourcesSection(_Section):
     rollout_cores: list[int] | None = None
     trainer_cores: list[int] | None = None
     max_trainer_restarts: int = Field(2, ge=0)
+
+    @model_validator(mode="after")
+    def _debug_mode_is_one_process(self) -> ResourcesSection:
+        if not self.ray and self.trainer_world_size != 1:
+            raise ValueError(f"debug mode (ray: false) runs one trainer rank, got trainer_world_size "
+                             f"{self.trainer_world_size}")
+        if not self.ray and self.ray_address:
+            raise ValueError("ray_address joins a Ray cluster; debug mode (ray: false) uses none")
+        return self
 
 
 class MonitorSection(_Section):

@@ -167,7 +167,7 @@ class RunMonitor:
         """Poll until cancelled."""
         while True:
             try:
-                progress = await asyncio.wait_for(rollout.progress.remote(), 10)
+                progress = await asyncio.wait_for(rollout.progress(), 10)
             except Exception:  # the rollout side may be busy or restarting; the view just skips a beat
                 progress = None
             self.update(progress)

@@ -77,7 +77,7 @@ def test_a_file_without_the_keys_is_rejected_before_any_server_starts(tmp_path: 
     def forbidden(*args, **kwargs):
         raise AssertionError("a server was about to start")
 
-    monkeypatch.setattr(driver, "_ray_init", forbidden)
+    monkeypatch.setattr(driver, "place", forbidden)
     monkeypatch.setattr(driver, "connect_redis", forbidden)
     monkeypatch.setattr(preflight, "resolve_model", forbidden)
     cfg = load_config(None, [f"runs_dir={tmp_path / 'runs'}", "name=bad", f"data.train={verl_parquet(tmp_path)}",
@@ -148,19 +148,6 @@ def _train(tmp_path: Path, sglang_url: str, name: str, data: dict, sft: dict) ->
     assert summary["final_weight_version"] == 1 and summary["trajectories_consumed"] == 4 and summary["books_balanced"]
     summary["rollouts"] = [json.loads(x) for x in (run / "rollouts.jsonl").read_text().splitlines()]
     return summary
-
-
-@pytest.fixture(scope="module")
-def shared_server(sglang_url: str, tiny_model_path: Path):
-    """The session's SGLang server; these runs load their own weights into it, so the base weights are put back."""
-    yield sglang_url
-    from agentrl.engine.client import SGLangClient
-
-    async def restore() -> None:
-        async with SGLangClient(sglang_url) as client:
-            await client.update_weights(str(tiny_model_path), 0)
-
-    asyncio.run(restore())
 
 
 @pytest.mark.slow

@@ -35,9 +35,9 @@ def test_a_bad_run_fails_before_any_server_starts(tmp_path: Path, monkeypatch: p
     from agentrl.launcher import driver
 
     def boom(*_: object) -> None:
-        raise AssertionError("Ray was started for a run that fails its checks")
+        raise AssertionError("the processes were placed for a run that fails its checks")
 
-    monkeypatch.setattr(driver, "_ray_init", boom)
+    monkeypatch.setattr(driver, "place", boom)
     cfg = load_config(None, ["model=tiny", f"runs_dir={tmp_path}", "name=bad", "env.options={code_timout_s: 1}"])
     with pytest.raises(ConfigError, match="did you mean 'code_timeout_s'"):
         asyncio.run(driver.run_training(cfg))
