@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.env.registry import EnvResources
 from agentrl.errors import EngineError
 from agentrl.launcher.config import RunConfig, load_config
-from agentrl.launcher.heldout import heldout_eval
+from agentrl.launcher.heldout import heldout_eval, heldout_plan
 from agentrl.rewards import MathVerifier
 from agentrl.sandbox.local import LocalSandbox
 from agentrl.types import Task
@@ -90,3 +90,11 @@ async def test_infrastructure_failures_are_counted_and_never_stop_the_run(resour
                                  resources=resources)
     assert figures == {"n": 0, "accuracy": 0.0, "reward_mean": 0.0, "turns_mean": 0.0, "tool_calls_mean": 0.0,
                        "errors": 20}
+
+
+def test_the_plan_samples_like_the_rollout_but_greedily() -> None:
+    cfg = load_config(None, ["rollout.top_k=20", "rollout.max_resumes=2", "rollout.temperature=0.8",
+                             "rollout.max_running_groups=3"])
+    plan = heldout_plan(cfg)
+    assert plan.sampling == replace(cfg.rollout.sampling, temperature=0.0) and plan.budget is cfg.rollout.budget
+    assert plan.max_concurrency == 3

@@ -14,5 +14,3 @@ def test_episodes_get_the_runs_sampling_and_budget(tmp_path: Path) -> None:
     worker.engine, worker.tok = object(), object()  # what start() would set; the runner only keeps them
     runner = worker._runner()
     assert runner.sampling is cfg.rollout.sampling and runner.budget is cfg.rollout.budget
-    greedy = worker._runner(temperature=0.0)  # held-out evaluation: the same settings, greedy
-    assert greedy.sampling.temperature == 0.0 and greedy.sampling.top_k == 20 and greedy.budget.max_resumes == 2
