@@ -20,7 +20,7 @@ from api_support import body
 from agentrl.api import ApiSettings
 from agentrl.client import AsyncEvalClient
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.redis]
 
 
 async def wait_until(client: AsyncEvalClient, eval_id: str, pred, timeout_s: float = 120.0) -> dict[str, Any]:

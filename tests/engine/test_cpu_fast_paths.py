@@ -108,6 +108,7 @@ def test_patched_sampler_returns_what_sglangs_returns() -> None:
     assert (got.shape, got.dtype) == (want.shape, want.dtype) == ((13,), torch.int32)
 
 
+@pytest.mark.sglang
 async def test_sglang_logprobs_match_transformers(sglang_url: str, tiny_model_path: Path) -> None:
     """Greedy and sampled continuations of prompts of different lengths, generated concurrently (so decode batches
     mix lengths and go through both fast paths), scored again by transformers in fp32."""
