@@ -55,16 +55,32 @@ def _alive_in_recorded_groups(run_dir: Path) -> list[str]:
     return alive
 
 
+def _ray_of(driver_pid: int) -> list[str]:
+    """Processes of the Ray cluster ``driver_pid`` started (Ray names its session directory after the driver's
+    pid); other Ray clusters on the machine are not this run's business."""
+    return [p for p in _processes_mentioning(f"_{driver_pid}/") if "/ray/session_" in p]
+
+
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> Path:
+def smoke_driver(tmp_path_factory) -> tuple[Path, int]:
+    """The run directory of one `agentrl demo --smoke` and the pid its driver had."""
     runs = tmp_path_factory.mktemp("runs")
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=smoke", "engine.record_requests=true",
          "rollout.skip_solved_window=1"],
-        capture_output=True, text=True, timeout=1500,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return runs / "smoke"
+    try:
+        out, err = proc.communicate(timeout=1500)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err[-5000:]
+    return runs / "smoke", proc.pid
+
+
+@pytest.fixture(scope="module")
+def smoke_run(smoke_driver: tuple[Path, int]) -> Path:
+    return smoke_driver[0]
 
 
 def _gone(processes: Callable[[], list[str]], timeout_s: float = 30.0) -> list[str]:
@@ -103,11 +119,12 @@ def test_summary_and_run_directory(smoke_run: Path):
     assert (smoke_run / "report.md").exists() and (smoke_run / "report.png").exists()
 
 
-def test_every_process_was_stopped(smoke_run: Path):
+def test_every_process_was_stopped(smoke_driver: tuple[Path, int]):
+    smoke_run, driver_pid = smoke_driver
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert not _alive(summary["engine_url"])
     assert _processes_mentioning(str(smoke_run)) == []
-    assert _processes_mentioning("raylet") == [], "the local Ray cluster must be shut down"
+    assert _ray_of(driver_pid) == [], "the local Ray cluster must be shut down"
     assert _alive_in_recorded_groups(smoke_run) == [], "SGLang children (scheduler, detokenizer) must be gone"
 
 
@@ -180,7 +197,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path):
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted" in out
     assert _gone(lambda: _processes_mentioning(str(run_dir))) == []
-    assert _gone(lambda: _processes_mentioning("raylet")) == []
+    assert _gone(lambda: _ray_of(proc.pid)) == []
     assert _gone(lambda: _alive_in_recorded_groups(run_dir)) == []
     log = (run_dir / "logs" / "rollout.log").read_text()
     urls = [w for line in log.splitlines() if "starting sglang on" in line for w in line.split() if w.startswith("http")]
