@@ -1,7 +1,9 @@
 """Shared fixtures: ONE SGLang server (tiny model) and ONE embedded Redis per test session.
 
 Tests that need them are marked ``sglang`` / ``redis``; both start lazily, on first use, and are stopped at the
-end of the session.
+end of the session. A test that uses (directly or through another fixture) a fixture named in ``NEEDS`` gets that
+fixture's marker at collection, so ``-m "not sglang"`` / ``-m "not redis"`` skip every test that would start the
+server; tests that start one themselves (a whole run, a ``serve`` process) carry the marker explicitly.
 """
 
 from __future__ import annotations
@@ -13,6 +15,22 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# fixture name -> the marker of the server it starts (the fixtures are defined here and in the packages' conftests)
+NEEDS = {
+    "sglang_url": "sglang",
+    "redis_url": "redis", "redis_server": "redis", "redis_client": "redis",
+    "embedded_server": "redis", "system_redis_url": "redis",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m filter runs
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):  # the closure: fixtures of fixtures too
+            marker = NEEDS.get(fixture)
+            if marker is not None and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

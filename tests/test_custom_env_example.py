@@ -53,6 +53,7 @@ async def test_the_example_env_registers_calls_its_tool_and_scores(chat_tokenize
 
 @pytest.mark.slow
 @pytest.mark.sglang
+@pytest.mark.redis  # the run starts its embedded Redis
 def test_agentrl_train_on_the_example_recipe(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(EXAMPLE / "train.yaml"),
                            f"runs_dir={tmp_path}", "log_rollouts=full"],

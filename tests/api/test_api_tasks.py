@@ -5,11 +5,13 @@ model, reached by URL), the real local sandbox. Queued → succeeded with metric
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from api_support import body
 
 from agentrl.api import ApiSettings
 from agentrl.client import AsyncEvalClient
+from agentrl.engine.client import SGLangClient
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.redis]
 
 
 async def wait_until(client: AsyncEvalClient, eval_id: str, pred, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -48,10 +51,23 @@ def assert_complete(records: list[dict[str, Any]], total: int) -> None:
     assert len(keys) == total == len(set(keys)), sorted(keys)  # every sample exactly once
 
 
+@contextlib.asynccontextmanager
+async def served_as(url: str, version: int) -> AsyncIterator[None]:
+    """The shared SGLang server reports ``version`` for a while (other tests load weights into it: a test that
+    checks versions sets its own, and puts the previous one back)."""
+    async with SGLangClient(url) as engine:
+        before = await engine.weight_version()
+        await engine.set_weight_version(version)
+        try:
+            yield
+        finally:
+            await engine.set_weight_version(before)
+
+
 async def test_a_task_goes_from_queued_to_succeeded_with_metrics(settings: ApiSettings, start_api,
                                                                  sglang_url: str) -> None:
     server = await start_api(settings)
-    async with AsyncEvalClient(server.url) as client:
+    async with AsyncEvalClient(server.url) as client, served_as(sglang_url, 41):
         eval_id = await client.submit(body(sglang_url))
         seen = set()
         state = await client.wait(eval_id, poll_s=0.05, timeout_s=120,
@@ -79,7 +95,7 @@ async def test_a_task_goes_from_queued_to_succeeded_with_metrics(settings: ApiSe
         assert r["status"] == "ok" and traj["prompt_len"] == r["prompt_tokens"] > 0
         assert len(traj["token_ids"]) == len(traj["loss_mask"]) == r["prompt_tokens"] + r["response_tokens"]
         assert sum(traj["loss_mask"]) == r["model_tokens"] and traj["env"] == "retool"
-        assert all(v == 0 for v, m in zip(traj["weight_versions"], traj["loss_mask"]) if m)  # from SGLang
+        assert all(v == 41 for v, m in zip(traj["weight_versions"], traj["loss_mask"]) if m)  # from SGLang
 
         with pytest.raises(Exception) as info:
             await client.cancel(eval_id)

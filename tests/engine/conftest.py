@@ -47,6 +47,12 @@ class Misbehaving:
         await asyncio.sleep(3600)
         return web.Response(text="{}")
 
+    async def arrival(self, path: str, timeout_s: float = 5.0) -> None:
+        """Return once a request for ``path`` has arrived (a TimeoutError after ``timeout_s``)."""
+        async with asyncio.timeout(timeout_s):
+            while path not in self.hits:
+                await asyncio.sleep(0.01)
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)

@@ -79,7 +79,7 @@ async def test_timed_out_generate_is_aborted_on_the_server(misbehaving):
         with pytest.raises(EngineError):
             await c.generate([1], SamplingParams(max_new_tokens=1))
         misbehaving.mode = "503"  # let the abort be answered quickly
-        await asyncio.sleep(0.5)
+        await misbehaving.arrival("/abort_request")  # sent in the background
     assert misbehaving.hits[:2] == ["/generate", "/abort_request"]
 
 

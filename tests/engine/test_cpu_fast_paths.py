@@ -100,14 +100,45 @@ def test_sampler_draws_from_the_given_distribution() -> None:
 
 
 def test_patched_sampler_returns_what_sglangs_returns() -> None:
+    """Compared with SGLang's own ``sampling_from_probs_torch`` by value. Where the draw is determined (one-hot
+    rows: block edges, the vocabulary's last token) the tokens are identical, no tolerance; where it is random,
+    the two draw from the same distribution: a two-sample chi-square test of 20 000 draws each, failing at
+    p ≈ 0.001. A seeded request goes to SGLang's own code with its arguments."""
     from sglang.srt.layers.sampler import sampling_from_probs_torch  # this process never imports the shim
 
-    fast = _load_fast_paths()._sampler_with_fast_path(sampling_from_probs_torch)
-    probs = torch.softmax(torch.randn(13, 49152) * 4, -1)  # SGLang's shape: rows of a 49k vocabulary
+    fast_paths = _load_fast_paths()
+    fast = fast_paths._sampler_with_fast_path(sampling_from_probs_torch)
+    vocab = 49152  # SGLang's shape: rows of a 49k vocabulary
+    hot = torch.tensor([0, 1, 255, 256, 257, 4095, 30000, vocab - 1])
+    probs = torch.zeros(len(hot), vocab)
+    probs[torch.arange(len(hot)), hot] = 1.0
     want, got = sampling_from_probs_torch(probs), fast(probs)
-    assert (got.shape, got.dtype) == (want.shape, want.dtype) == ((13,), torch.int32)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype) == ((len(hot),), torch.int32)
+    assert got.tolist() == want.tolist() == hot.tolist()
+
+    torch.manual_seed(0)
+    vocab, n = 1000, 20_000  # not a multiple of the 256-token block
+    support = torch.tensor([0, 255, 256, 511, 700, 999])
+    row = torch.zeros(vocab)
+    row[support] = torch.tensor([0.05, 0.15, 0.1, 0.2, 0.3, 0.2])
+    probs = row.repeat(n, 1)
+    ours = torch.bincount(fast(probs).long(), minlength=vocab).double()
+    theirs = torch.bincount(sampling_from_probs_torch(probs).long(), minlength=vocab).double()
+    assert ours.sum() == theirs.sum() == n and ours[row == 0].sum() == theirs[row == 0].sum() == 0
+    a, b = ours[support], theirs[support]
+    chi2 = float(((a - b) ** 2 / (a + b)).sum())  # equal sample sizes: 5 degrees of freedom
+    assert chi2 < 20.5, (a.tolist(), b.tolist())
+
+    def sglangs(probs: torch.Tensor, sampling_seed: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> tuple:
+        return probs, sampling_seed, positions
+
+    one, seed, positions = probs[:1], torch.tensor([7]), torch.tensor([3])
+    handed = fast_paths._sampler_with_fast_path(sglangs)(one, seed, positions)
+    assert all(x is y for x, y in zip(handed, (one, seed, positions), strict=True))
 
 
+@pytest.mark.sglang
 async def test_sglang_logprobs_match_transformers(sglang_url: str, tiny_model_path: Path) -> None:
     """Greedy and sampled continuations of prompts of different lengths, generated concurrently (so decode batches
     mix lengths and go through both fast paths), scored again by transformers in fp32."""

@@ -133,7 +133,7 @@ async def test_sticky_keys_stay_on_one_server_and_new_keys_go_to_the_least_busy(
     for c in clients.values():
         c.hold = asyncio.Event()
     held = [asyncio.create_task(pool.generate([i], SP, sticky_key=f"k{i}")) for i in range(4)]
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: sum(len(c.calls) for c in clients.values()) == 4)
     assert sorted(len(c.calls) for c in clients.values()) == [2, 2]  # spread while all four are in flight
     for c in clients.values():
         c.hold.set()
@@ -163,7 +163,7 @@ async def test_a_crashed_server_is_restarted_with_the_current_weights_and_rejoin
     await pool.update_weights("/w/v3", 3)
     clients["http://s0"].hold = asyncio.Event()
     in_flight = asyncio.create_task(pool.generate([1], SP, sticky_key="episode"))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: ("generate", (1,)) in clients["http://s0"].calls)  # held there
     assert pool.route_of("episode") == "http://s0"
     servers["http://s0"].up = False  # the process dies under the request
     clients["http://s0"].hold.set()

@@ -287,6 +287,8 @@ def test_public_api_exports():
     for name in ("tool", "register_env", "Environment", "list_tools", "list_envs"):
         assert hasattr(agentrl, name), name
     assert "retool" in [e.name for e in agentrl.list_envs()]
-    assert isinstance(EnvResources(), EnvResources)
+    assert agentrl.env.EnvResources is EnvResources
+    # every resource is optional: an environment can be built without a sandbox or a checker (as unit tests do)
+    assert EnvResources() == EnvResources(sandbox=None, verifier=None, extra={})
     with pytest.raises(ConfigError, match="environment 'math' is already registered"):
         agentrl.register_env("math", make_env)  # a built-in is not shadowed by accident

@@ -48,8 +48,10 @@ async def test_one_server_per_model_reused_and_evicted_when_idle(tiny_model_path
     async with ModelServers(max_servers=1, launcher=launcher) as pool:
         a = model(tiny_model_path, "a")
 
-        async def use(m: ResolvedModel, hold_s: float) -> str:
+        async def use(m: ResolvedModel, hold_s: float, leased: asyncio.Event | None = None) -> str:
             async with pool.lease(m) as lease:
+                if leased is not None:
+                    leased.set()
                 await asyncio.sleep(hold_s)
                 return lease.url
 
@@ -57,8 +59,9 @@ async def test_one_server_per_model_reused_and_evicted_when_idle(tiny_model_path
         assert len(set(urls)) == 1 and len(launcher.started) == 1  # started once, shared
         assert await use(a, 0) == urls[0]  # an idle server is reused
         b = model(tiny_model_path, "b")
-        slow_a = asyncio.ensure_future(use(a, 0.3))
-        await asyncio.sleep(0.05)
+        a_leased = asyncio.Event()
+        slow_a = asyncio.ensure_future(use(a, 0.3, a_leased))
+        await a_leased.wait()
         url_b = await use(b, 0)  # waits until `a` is idle, then stops it for `b`
         assert slow_a.done() and launcher.started[0].stopped and len(launcher.started) == 2
         assert "/b/" in url_b

@@ -21,7 +21,7 @@ def spec(**kw: Any) -> EvalSpec:
         "environment": {"name": "retool", "options": {"code_timeout_s": 5}},
         "dataset": {"items": [{"prompt": "What is 6 * 7?", "answer": "42"},
                               {"prompt": "Compute 6 times 7.", "answer": "42"}]},
-        "model": {"url": "http://scripted.invalid:1"},
+        "model": {"url": "http://127.0.0.1:9"},  # never reached: the tests inject a scripted engine
         "sampling": {"seed": 0, "max_new_tokens": 64},
         "samples_per_item": 4, "pass_k": [1, 2, 4], "max_turns": 4, "max_concurrency": 4,
     }

@@ -152,6 +152,7 @@ def _train(tmp_path: Path, sglang_url: str, name: str, data: dict, sft: dict) ->
 
 @pytest.mark.slow
 @pytest.mark.sglang
+@pytest.mark.redis  # the run starts its embedded Redis
 def test_one_step_from_a_verl_parquet_after_sft_on_a_messages_jsonl(tmp_path: Path, shared_server: str,
                                                                     chat_tokenizer: ChatTokenizer) -> None:
     parquet = verl_parquet(tmp_path)
@@ -178,6 +179,7 @@ def test_one_step_from_a_verl_parquet_after_sft_on_a_messages_jsonl(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.sglang
+@pytest.mark.redis  # the run starts its embedded Redis
 @pytest.mark.parametrize("fmt", ["save_to_disk", "json-list"])
 def test_one_step_from_a_folder_and_a_json_list(tmp_path: Path, shared_server: str, chat_tokenizer: ChatTokenizer,
                                                 fmt: str) -> None:

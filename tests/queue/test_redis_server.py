@@ -35,9 +35,10 @@ async def test_restart_on_same_dir_keeps_every_unacked_entry(tmp_path: Path, cra
         await q.ack([used[0].entry_id])  # committed and acked
         in_flight = used[1:]  # read, not acked
         if crash:
-            os.kill(handle.embedded.pid or 0, signal.SIGKILL)
-            assert handle.embedded._proc is not None
-            handle.embedded._proc.wait(10)
+            pid, proc = handle.embedded.pid, handle.embedded._proc
+            assert pid is not None and proc is not None, "the embedded server must be running here"
+            os.kill(pid, signal.SIGKILL)  # never a pid of 0: that would be this test's own process group
+            proc.wait(10)
     assert (tmp_path / "redis.log").stat().st_size > 0
     async with await connect_redis(data_dir=tmp_path) as handle:
         q = TrajectoryQueue(handle.client, "run:traj", consumer="trainer-0")

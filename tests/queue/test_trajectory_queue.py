@@ -153,9 +153,11 @@ async def test_full_queue_blocks_producers_until_acks(client: redis.asyncio.Redi
     assert (await q.stats()).length == 4  # nothing dropped, nothing over capacity
     first = await q.read(2, timeout_s=1)
     await q.ack([e.entry_id for e in first])
-    await asyncio.sleep(0.3)
-    assert not blocked.done()  # 2 of 3 got in, the third still waits
-    assert (await q.stats()).length == 4
+    async with asyncio.timeout(10):  # 2 of 3 get in ...
+        while (await q.stats()).length < 4:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)  # (time for a wrong third put to land)
+    assert not blocked.done() and (await q.stats()).length == 4  # ... and the third still waits
     nxt = await q.read(1, timeout_s=1)
     await q.ack([e.entry_id for e in nxt])
     ids = await asyncio.wait_for(blocked, 10)

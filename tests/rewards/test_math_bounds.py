@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentrl.errors import ConfigError
@@ -77,11 +78,21 @@ async def test_a_dead_worker_is_replaced_and_the_check_retried() -> None:
         assert pool.replaced_workers == 1
 
 
+async def computing(pool: MathVerifier, timeout_s: float = 30.0) -> None:
+    """Return once the pool's only worker is computing (its CPU time grows): a check has reached it."""
+    (pid,) = pool.worker_pids
+    worker = psutil.Process(pid)
+    idle = sum(worker.cpu_times()[:2])
+    async with asyncio.timeout(timeout_s):
+        while sum(worker.cpu_times()[:2]) - idle < 0.05:
+            await asyncio.sleep(0.01)
+
+
 @pytest.mark.timeout(120)
 async def test_a_cancelled_check_does_not_desynchronise_the_worker() -> None:
     async with MathVerifier(workers=1, timeout_s=3.0) as pool:
         slow = asyncio.create_task(pool.verify(ADVERSARIAL["exponent_tower"], "1"))
-        await asyncio.sleep(0.3)
+        await computing(pool)  # cancelled mid-exchange: the worker owes a reply
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
@@ -150,7 +161,7 @@ async def test_checks_waiting_for_a_worker_fail_cleanly_on_close() -> None:
     pool = MathVerifier(workers=1, timeout_s=3.0)
     await pool.start()
     checks = [asyncio.create_task(pool.verify(ADVERSARIAL["exponent_tower"], "1")) for _ in range(3)]
-    await asyncio.sleep(0.3)
+    await computing(pool)  # one check holds the only worker, two wait for it
     await pool.aclose()
     outcomes = await asyncio.gather(*checks, return_exceptions=True)
     assert all(isinstance(o, VerifierError) for o in outcomes), outcomes

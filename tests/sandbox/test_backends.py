@@ -46,11 +46,26 @@ async def test_session_cap_and_idle_expiry() -> None:
         await s2.aclose()
 
 
+def live_boxes(sb: LocalSandbox) -> set[frozenset[int]]:
+    """The processes of each of the sandbox's live boxes (one cgroup per box and controller hierarchy)."""
+    out = set()
+    for d in sb.leftover_cgroups():
+        try:
+            procs = frozenset(int(p) for p in (d / "cgroup.procs").read_text().split())
+        except OSError:  # removed while we listed it
+            continue
+        if procs:
+            out.add(procs)
+    return out
+
+
 async def test_warm_sandboxes_killed_while_idle_are_replaced() -> None:
     async with LocalSandbox(max_concurrency=2, pool_size=2) as sb:
         assert (await sb.run(RunRequest(code="print(1)"))).stdout == "1\n"
-        await asyncio.sleep(0.3)  # the pool refills
-        pids = {int(p) for d in sb.leftover_cgroups() for p in (d / "cgroup.procs").read_text().split()}
+        async with asyncio.timeout(30):  # the pool refills: two warm sandboxes, the used one gone
+            while len(live_boxes(sb)) != 2:
+                await asyncio.sleep(0.02)
+        pids = set().union(*live_boxes(sb))
         assert pids, "expected warm sandboxes in this sandbox's cgroups"
         for pid in pids:  # this sandbox's warm processes only (others may run in this test session)
             try:

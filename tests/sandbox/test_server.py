@@ -7,12 +7,13 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from sandbox_support import ServerHandle
 
-from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunStatus
+from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunResult, RunStatus
 from agentrl.sandbox.local import LocalSandbox
 from agentrl.sandbox.remote import RemoteSandbox
 from agentrl.sandbox.server import create_app
@@ -103,12 +104,27 @@ async def test_sessions_over_http(server: ServerHandle) -> None:
     assert status == 404
 
 
+class Announcing:
+    """A sandbox that sets ``running`` when a run begins (the server's slot is held from then on)."""
+
+    def __init__(self, inner: LocalSandbox) -> None:
+        self.inner, self.running = inner, asyncio.Event()
+
+    async def run(self, request: RunRequest) -> RunResult:
+        self.running.set()
+        return await self.inner.run(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 async def test_full_server_answers_429_and_the_client_retries(local: LocalSandbox) -> None:
-    handle = await ServerHandle(create_app(local, max_concurrency=1, max_queue=0)).start()
+    sandbox = Announcing(local)
+    handle = await ServerHandle(create_app(sandbox, max_concurrency=1, max_queue=0)).start()  # type: ignore[arg-type]
     try:
         slow = {"code": "import time; time.sleep(1.5)", "language": "python"}
         first = asyncio.ensure_future(post(handle.url + "/run_code", slow))
-        await asyncio.sleep(0.5)
+        await asyncio.wait_for(sandbox.running.wait(), 30)
         status, body = await post(handle.url + "/run_code", {"code": "print(1)", "language": "python"})
         assert status == 429, body
         async with RemoteSandbox(handle.url, retries=8, backoff_s=0.2) as remote:
