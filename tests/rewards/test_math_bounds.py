@@ -45,7 +45,9 @@ ADVERSARIAL = {
 @pytest.mark.timeout(300)
 async def test_adversarial_inputs_return_false_through_the_pool() -> None:
     async with MathVerifier(workers=2, timeout_s=1.0) as pool:
-        verdicts = await asyncio.gather(*(pool.verify(text, "1") for text in ADVERSARIAL.values()))
+        # against "2": none of them equals it, while ((((1)))) does equal "1" (a verdict that depended on whether
+        # the check finished within its 1 s budget on a loaded machine: the suite once got EQUAL)
+        verdicts = await asyncio.gather(*(pool.verify(text, "2") for text in ADVERSARIAL.values()))
         assert [v for v in verdicts if v is Verdict.EQUAL] == []
         assert await pool.verify(r"\boxed{1}", "1") is Verdict.EQUAL  # the pool still works afterwards
 
