@@ -41,6 +41,7 @@ class Gateway:
     def __init__(self, engine: InferenceEngine, tokenizer: ChatTokenizer, config: GatewayConfig | None = None):
         self.engine, self.tok, self.config = engine, tokenizer, config or GatewayConfig()
         self._parsers: OrderedDict[tuple[str, ...], ToolParser] = OrderedDict()
+        make_tool_parser(self.config.tool_parser, [])  # an unknown parser name fails here, not on a request
 
     async def complete(self, session: Session, call: ChatCall, *, key: str = "", retry: int = 0) -> Completion:
         """Answer ``call`` in ``session``. ``key`` identifies the request body: a retry (``retry`` ≥ 1) of a body
