@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,9 +43,8 @@ class GatewayConfig(BaseModel):
 
     model_name: str = "agentrl"  # what /v1/models lists; requests may name any model
     tool_parser: str = BUILTIN  # agentrl.env.tool_parsers: "builtin" or one of SGLang's parser names
-    max_tokens: int = Field(1024, ge=1)  # when a request gives none
-    max_resumes: int = Field(4, ge=0)  # generations the engine aborted (weight update) continued this often
-    replay_size: int = Field(64, ge=0)  # answers per session kept for SDK retries (the SessionStore's)
+    max_tokens: Annotated[int, Field(ge=1)] = 1024  # when a request gives none
+    max_resumes: Annotated[int, Field(ge=0)] = 4  # generations the engine aborted (weight update) continued so often
 
 
 @dataclass(frozen=True, slots=True)
