@@ -116,5 +116,14 @@ def _mount_eval_api() -> None:
 _mount_eval_api()
 
 
+def _mount_gateway() -> None:
+    from agentrl.gateway.cli import gateway_app
+
+    app.add_typer(gateway_app, name="gateway", help="The agent gateway: OpenAI/Anthropic endpoints, token-exact.")
+
+
+_mount_gateway()
+
+
 if __name__ == "__main__":
     app()

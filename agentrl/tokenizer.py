@@ -3,6 +3,10 @@
 The prompt is rendered with the chat template and tokenised once. Later pieces are tokenised on their own and
 appended: raw observation text (ReTool) as is, tool-role messages as the chat template's *delta* — the text the
 template adds after a finished assistant message — so the sequence is exactly what the model saw.
+
+Templates without a tools section (SmolLM2's) get the Hermes forms written into the messages instead: the tool list
+in the system message (:func:`with_tools_in_system`), an assistant's calls as ``<tool_call>`` blocks in its content
+(:func:`with_tool_calls_in_content`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,34 @@ def with_tools_in_system(messages: Sequence[Mapping[str, Any]],
     return out
 
 
+def hermes_call_text(name: str, arguments: Any) -> str:
+    """One call as Qwen2.5's template writes it in an assistant message (without the leading newline)."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
+
+
+def with_tool_calls_in_content(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each assistant's ``tool_calls`` (OpenAI form, arguments a dict or a JSON string) written
+    into its content as Hermes ``<tool_call>`` blocks, one per line after the text, as Qwen2.5's template does."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        calls = m.pop("tool_calls", None) or []
+        if m.get("role") == "assistant" and calls:
+            blocks = []
+            for call in calls:
+                fn = call.get("function", call)
+                args = fn.get("arguments", {})
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        pass  # written as given
+                blocks.append(hermes_call_text(fn.get("name", ""), args))
+            m["content"] = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
+        out.append(m)
+    return out
+
+
 class ChatTokenizer:
     """A Hugging Face tokenizer with the few operations an episode needs."""
 
@@ -55,11 +87,8 @@ class ChatTokenizer:
             raise ConfigError("the tokenizer has no eos_token_id")
         self.eos_token_id = int(eos)
         self.eos_token = tokenizer.convert_ids_to_tokens(self.eos_token_id)
-        base = self.render(_BASE, add_generation_prompt=False)
-        cut = base.rfind(self.eos_token)
-        if cut < 0:
+        if self.eos_token not in self.render(_BASE, add_generation_prompt=False):
             raise ConfigError("the chat template does not end an assistant message with the EOS token")
-        self._base_text = base[: cut + len(self.eos_token)]
         #: whether the chat template renders ``tools`` itself (Qwen2.5/3 do; SmolLM2's does not)
         self.supports_tools = "tools" in str(tokenizer.chat_template)
         # the n samples of a GRPO group share their prompt: render and tokenise it once (bounded LRU)
@@ -89,14 +118,23 @@ class ChatTokenizer:
         if key is not None and (hit := self._prompts.get(key)) is not None:
             self._prompts.move_to_end(key)
             return list(hit)
-        if tools and not self.supports_tools:
-            messages, tools = with_tools_in_system(messages, tools), None
-        ids = self.encode_text(self.render(messages, add_generation_prompt=True, tools=tools))
+        ids = self.encode_text(self.render_prompt(messages, tools, add_generation_prompt=True))
         if key is not None:
             self._prompts[key] = tuple(ids)
             while len(self._prompts) > self.prompt_cache_size:
                 self._prompts.popitem(last=False)
         return ids
+
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                      *, add_generation_prompt: bool) -> str:
+        """The chat template's text of ``messages`` with ``tools``; a template without a tools section gets the
+        Hermes forms in the messages instead (the tool list in the system message, calls in the content)."""
+        if not self.supports_tools:
+            if any(m.get("tool_calls") for m in messages):
+                messages = with_tool_calls_in_content(messages)
+            if tools:
+                messages, tools = with_tools_in_system(messages, tools), None
+        return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
@@ -104,10 +142,26 @@ class ChatTokenizer:
     def encode_messages_delta(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Tokens the chat template adds for ``messages`` after an assistant message that ended with EOS,
         including the next assistant header."""
-        full = self.render([*_BASE, *messages], add_generation_prompt=True)
-        if not full.startswith(self._base_text):
+        ids = self.encode_continuation(_BASE, messages)
+        if ids is None:
             raise ConfigError("the chat template re-renders earlier turns differently; cannot append tool turns")
-        return self.encode_text(full[len(self._base_text):])
+        return ids
+
+    def encode_continuation(self, history: Sequence[Mapping[str, Any]], tail: Sequence[Mapping[str, Any]],
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> list[int] | None:
+        """:meth:`encode_messages_delta` after a real ``history`` (ending with an assistant message): the tokens
+        the template adds for ``tail`` after the history's last EOS, up to the next assistant header. ``None``
+        when the template renders ``history`` differently once ``tail`` follows (it strips earlier thinking, say):
+        the history's tokens cannot be kept then."""
+        before = self.render_prompt(history, tools, add_generation_prompt=False)
+        cut = before.rfind(self.eos_token)
+        if cut < 0:
+            return None
+        before = before[: cut + len(self.eos_token)]
+        after = self.render_prompt([*history, *tail], tools, add_generation_prompt=True)
+        if not after.startswith(before):
+            return None
+        return self.encode_text(after[len(before):])
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=False))

@@ -60,6 +60,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    #: constrained decoding (SGLang's grammar backend): the output must match this regex / EBNF grammar
+    regex: str | None = None
+    ebnf: str | None = None
 
     def to_sglang(self) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -78,6 +81,10 @@ class SamplingParams:
             params["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
             params["sampling_seed"] = self.seed
+        if self.regex is not None:
+            params["regex"] = self.regex
+        if self.ebnf is not None:
+            params["ebnf"] = self.ebnf
         return params
 
 

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +87,7 @@ def _unknown(name: str, names: Sequence[str]) -> ConfigError:
 class SGLangToolParser:
     """One SGLang detector (by its ``--tool-call-parser`` name) reading the calls of the given tools."""
 
-    def __init__(self, name: str, tools: Sequence[Tool]) -> None:
+    def __init__(self, name: str, tools: Sequence[Tool | Mapping[str, Any]]) -> None:
         names = sglang_parser_names()
         if names is None:
             raise ConfigError(
@@ -97,7 +97,7 @@ class SGLangToolParser:
         if names and name not in names:
             raise _unknown(name, names)
         self.name = name
-        self._schemas = [t.schema() for t in tools]
+        self._schemas = [dict(t) if isinstance(t, Mapping) else t.schema() for t in tools]
         self._detector_cls: Any = None  # resolved by the first parse (which imports sglang)
         self._sgl_tools: list[Any] = []
 

@@ -15,7 +15,7 @@ model's mistake, shown to the model). Which parser an environment uses is its ``
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,8 +49,9 @@ class ToolParser(Protocol):
         ...
 
 
-def make_tool_parser(name: str, tools: Sequence[Tool]) -> ToolParser:
-    """The parser called ``name`` for an environment offering ``tools``. Raises ConfigError for an unknown name
+def make_tool_parser(name: str, tools: Sequence[Tool | Mapping[str, Any]]) -> ToolParser:
+    """The parser called ``name`` for an environment offering ``tools`` (:class:`Tool` objects or their OpenAI
+    function schemas, as the agent gateway receives them). Raises ConfigError for an unknown name
     or, for SGLang's parsers, when the ``sglang`` package is not installed (checked without importing it)."""
     if name == BUILTIN:
         return BuiltinToolParser()

@@ -1,0 +1,87 @@
+"""The agent gateway's contract: its settings, one chat request and its completion (transport-agnostic: the OpenAI
+and Anthropic routes translate to and from these), and its errors.
+
+    AgentRLError
+    ├── SessionNotFound (LookupError)  no live session has this id or key (HTTP 404 / 401)
+    ├── SessionClosed                  the session was finalized or aborted (HTTP 409)
+    └── InfrastructureError
+        └── ContinuityError            a commit broke the branch invariant (a bug, never the model's fault)
+
+Engine failures travel as :class:`agentrl.errors.EngineError` (HTTP 503, which the SDKs retry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.env.tool_parsers import BUILTIN
+from agentrl.errors import AgentRLError, InfrastructureError
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class SessionNotFound(AgentRLError, LookupError):
+    """No live session has this id (or API key)."""
+
+
+class SessionClosed(AgentRLError):
+    """The session was finalized or aborted: it takes no more requests."""
+
+
+class ContinuityError(InfrastructureError):
+    """A branch's tokens stopped being the engine's prompt ids + sampled ids (a bug in the gateway)."""
+
+
+class GatewayConfig(BaseModel):
+    """Settings of one gateway (its HTTP server's are the CLI's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str = "agentrl"  # what /v1/models lists; requests may name any model
+    tool_parser: str = BUILTIN  # agentrl.env.tool_parsers: "builtin" or one of SGLang's parser names
+    max_tokens: Annotated[int, Field(ge=1)] = 1024  # when a request gives none
+    max_resumes: Annotated[int, Field(ge=0)] = 4  # generations the engine aborted (weight update) continued so often
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    """One chat request in the gateway's own form: OpenAI-style messages (``content`` a string; an assistant's
+    ``tool_calls`` with ``function.arguments`` a dict) and OpenAI function tools."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str = "auto"  # auto | none | required | <function name>
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    regex: str | None = None  # SGLang constrained decoding, passed through (extra_body)
+    ebnf: str | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallOut:
+    """One tool call of a completion, with the id the client will send back."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What one generation produced, as the routes answer it."""
+
+    content: str  # the text outside tool calls (stop string and end-of-turn token trimmed)
+    tool_calls: tuple[CallOut, ...]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    matched_stop: str | None = None  # the stop string that ended it, if any
+    ill_formed: bool = False  # the model started a tool call that could not be read (content = its whole text)
+    branch: int = 0
