@@ -100,41 +100,38 @@ class _Job:
     task: Task
 
 
+def _scored(job: _Job, episode: Trajectory | ChatEpisode, *, threshold: float, attempts: int,
+            duration_s: float) -> dict[str, Any]:
+    """The fields of an ok record that both kinds of episode share (reward, correctness, turns, tool calls)."""
+    turns = episode.turns
+    calls = [c for t in turns for c in t.tool_calls]
+    results = [r for t in turns for r in t.tool_results]
+    bad = sum(1 for c in calls if c.error is not None) + sum(1 for r in results if not r.ok and r.status != "malformed")
+    breakdown = {k: v for k, v in episode.reward_breakdown.items() if finite(v) is not None}
+    return {"item_index": job.item_index, "sample_index": job.sample_index, "task_id": job.task.id, "status": "ok",
+            "reward": finite(episode.reward), "correct": is_correct(episode.reward, breakdown, threshold),
+            "reward_breakdown": breakdown, "finish_reason": episode.finish_reason.value, "num_turns": len(turns),
+            "num_tool_calls": len(calls), "num_tool_errors": bad, "duration_s": round(duration_s, 4),
+            "attempts": attempts, "prompt": job.task.prompt, "answer": job.task.answer,
+            "response": RewardInput.from_turns(turns).text}
+
+
 def to_record(job: _Job, traj: Trajectory, *, threshold: float, attempts: int, duration_s: float,
               keep_trajectory: bool) -> SampleRecord:
-    calls = [c for t in traj.turns for c in t.tool_calls]
-    results = [r for t in traj.turns for r in t.tool_results]
-    bad = sum(1 for c in calls if c.error is not None) + sum(1 for r in results if not r.ok and r.status != "malformed")
-    breakdown = {k: v for k, v in traj.reward_breakdown.items() if finite(v) is not None}
     return SampleRecord(
-        item_index=job.item_index, sample_index=job.sample_index, task_id=job.task.id, status="ok",
-        reward=finite(traj.reward), correct=is_correct(traj.reward, breakdown, threshold),
-        reward_breakdown=breakdown, finish_reason=traj.finish_reason.value, num_turns=len(traj.turns),
-        num_tool_calls=len(calls), num_tool_errors=bad, prompt_tokens=traj.prompt_len,
-        response_tokens=traj.num_tokens - traj.prompt_len, model_tokens=traj.num_model_tokens,
-        duration_s=round(duration_s, 4), attempts=attempts, prompt=job.task.prompt, answer=job.task.answer,
-        response=RewardInput.from_turns(traj.turns).text,
-        trajectory=_finite_trajectory(traj) if keep_trajectory else None,
-    )
+        **_scored(job, traj, threshold=threshold, attempts=attempts, duration_s=duration_s),
+        prompt_tokens=traj.prompt_len, response_tokens=traj.num_tokens - traj.prompt_len,
+        model_tokens=traj.num_model_tokens, trajectory=_finite_trajectory(traj) if keep_trajectory else None)
 
 
 def to_chat_record(job: _Job, ep: ChatEpisode, *, threshold: float, attempts: int, duration_s: float,
                    keep_transcript: bool) -> SampleRecord:
     """The record of a chat-completions episode: ``token_level`` False, token counts from the server's usage."""
-    calls = [c for t in ep.turns for c in t.tool_calls]
-    results = [r for t in ep.turns for r in t.tool_results]
-    bad = sum(1 for c in calls if c.error is not None) + sum(1 for r in results if not r.ok and r.status != "malformed")
-    breakdown = {k: v for k, v in ep.reward_breakdown.items() if finite(v) is not None}
     return SampleRecord(
-        item_index=job.item_index, sample_index=job.sample_index, task_id=job.task.id, status="ok",
-        reward=finite(ep.reward), correct=is_correct(ep.reward, breakdown, threshold),
-        reward_breakdown=breakdown, finish_reason=ep.finish_reason.value, num_turns=len(ep.turns),
-        num_tool_calls=len(calls), num_tool_errors=bad, prompt_tokens=ep.prompt_tokens,
-        response_tokens=max(0, ep.context_tokens - ep.prompt_tokens), model_tokens=ep.completion_tokens,
-        duration_s=round(duration_s, 4), attempts=attempts, prompt=job.task.prompt, answer=job.task.answer,
-        response=RewardInput.from_turns(ep.turns).text, token_level=False,
-        transcript=[dict(m) for m in ep.messages] if keep_transcript else None,
-    )
+        **_scored(job, ep, threshold=threshold, attempts=attempts, duration_s=duration_s),
+        prompt_tokens=ep.prompt_tokens, response_tokens=max(0, ep.context_tokens - ep.prompt_tokens),
+        model_tokens=ep.completion_tokens, token_level=False,
+        transcript=[dict(m) for m in ep.messages] if keep_transcript else None)
 
 
 def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
