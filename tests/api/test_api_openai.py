@@ -35,7 +35,9 @@ async def test_an_openai_model_task_succeeds_without_token_level_records(setting
         eval_id = await client.submit(body(model={"openai_url": fake.url, "openai_model": "fake-model"}))
         state = await client.wait(eval_id, poll_s=0.05, timeout_s=60)
         records = [r async for r in client.iter_results(eval_id, page_size=10)]
+        light = (await client.results(eval_id, trajectories=False))["records"]
     assert state["status"] == "succeeded", state
+    assert len(light) == 4 and all(r["transcript"] is None and r["token_level"] is False for r in light)
     m = state["metrics"]
     assert m["token_level"] is False and m["accuracy"] == 1.0 and m["mean_tool_calls"] == 1.0
     assert state["spec"]["model"]["openai_url"] == fake.url
