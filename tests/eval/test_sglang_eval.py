@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.openai_chat import OpenAIChatClient
 from agentrl.eval import EvalServices, EvalSpec
 
 pytestmark = pytest.mark.sglang
@@ -51,3 +53,12 @@ async def test_evaluate_through_sglangs_own_openai_route(sglang_url: str) -> Non
         assert r.ok and r.token_level is False and r.trajectory is None and r.transcript is not None
         assert r.finish_reason in ("stop", "length", "max_turns") and 0 < r.model_tokens <= 16 * 2
         assert r.transcript[-1]["role"] == "assistant"
+    # the stop string on the real route: cut here on the first call (whether the server reports matches is not
+    # known yet), then sent and trimmed by SGLang, which reports it as matched_stop: the same text both times
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0, stop=("\n",))  # the tiny model's greedy output
+    async with OpenAIChatClient(f"{sglang_url}/v1") as client:
+        first = await client.chat([{"role": "user", "content": "What is 6 * 7?"}], greedy)
+        assert client.reports_stop is True
+        second = await client.chat([{"role": "user", "content": "What is 6 * 7?"}], greedy)
+    assert first.text == second.text == "\n" and first.matched_stop == second.matched_stop == "\n"
+    assert second.completion_tokens == 1 < first.completion_tokens  # the server stopped: tokens saved
