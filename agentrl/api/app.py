@@ -144,15 +144,15 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
              responses={**_ERRORS, **_NOT_FOUND})
     async def results(eval_id: str, s: State, offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
                       limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                      trajectories: Annotated[bool, Query(description="include full trajectories")] = True
-                      ) -> Response:
+                      trajectories: Annotated[bool, Query(
+                          description="include full trajectories (and chat transcripts)")] = True) -> Response:
         """Per-sample records in completion order, ``limit`` at a time from ``offset``."""
         t = await s.store.get(eval_id)
         if t is None:
             raise HTTPException(404, f"no evaluation task {eval_id!r}")
         total, rows = await s.store.results(eval_id, offset, limit)
         if not trajectories:
-            rows = [json.dumps({**json.loads(r), "trajectory": None}) for r in rows]
+            rows = [json.dumps({**json.loads(r), "trajectory": None, "transcript": None}) for r in rows]
         nxt = offset + len(rows) if offset + len(rows) < total else None
         head = {"id": eval_id, "status": t.status.value, "total": total, "offset": offset, "limit": limit,
                 "next_offset": nxt}

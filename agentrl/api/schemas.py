@@ -14,7 +14,7 @@ _METRICS_EXAMPLE: dict[str, Any] = {
     "pass@4": 1.0, "mean_turns": 1.75, "mean_tool_calls": 0.75, "tool_calls": 3, "tool_errors": 1,
     "tool_error_rate": 0.333, "mean_prompt_tokens": 96.0, "mean_response_tokens": 140.5,
     "mean_model_tokens": 120.25, "total_tokens": 946, "total_model_tokens": 481,
-    "finish_reasons": {"stop": 3, "length": 1},
+    "finish_reasons": {"stop": 3, "length": 1}, "token_level": True,
 }
 
 

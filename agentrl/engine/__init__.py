@@ -1,4 +1,5 @@
-"""Inference engines: SGLang servers, their HTTP client, and a pool of servers with sticky routing.
+"""Inference engines: SGLang servers, their HTTP client, a pool of servers with sticky routing, and a client of
+any OpenAI-compatible chat-completions server (text level, for evaluations).
 
 The public names are loaded on first use, so the contract (``agentrl.engine.base``) and the server settings
 (``SGLangServerConfig``) can be read without the HTTP client or the pool.
@@ -13,6 +14,9 @@ from agentrl._lazy import lazy_exports
 if TYPE_CHECKING:
     from agentrl.engine.base import (
         PAUSE_MODES,
+        ChatEngine,
+        ChatResult,
+        ChatToolCall,
         ControllableEngine,
         EngineFinish,
         EngineTimeout,
@@ -23,20 +27,23 @@ if TYPE_CHECKING:
         SamplingParams,
     )
     from agentrl.engine.client import Retry, SGLangClient, Timeouts
+    from agentrl.engine.openai_chat import OpenAIChatClient
     from agentrl.engine.pool import EnginePool, MemberState, MemberStats, PoolConfig
     from agentrl.engine.server import SGLangServer, SGLangServerConfig, pool_configs
 
 _HOME = {
-    **dict.fromkeys(["PAUSE_MODES", "ControllableEngine", "EngineFinish", "EngineTimeout", "EngineUnavailable",
+    **dict.fromkeys(["PAUSE_MODES", "ChatEngine", "ChatResult", "ChatToolCall", "ControllableEngine", "EngineFinish", "EngineTimeout", "EngineUnavailable",
                      "GenerateResult", "InferenceEngine", "PauseMode", "SamplingParams"], "base"),
     **dict.fromkeys(["Retry", "SGLangClient", "Timeouts"], "client"),
+    **dict.fromkeys(["OpenAIChatClient"], "openai_chat"),
     **dict.fromkeys(["EnginePool", "MemberState", "MemberStats", "PoolConfig"], "pool"),
     **dict.fromkeys(["SGLangServer", "SGLangServerConfig", "pool_configs"], "server"),
 }
 
 __all__ = [
-    "PAUSE_MODES", "ControllableEngine", "EngineFinish", "EnginePool", "EngineTimeout", "EngineUnavailable", "GenerateResult",
-    "InferenceEngine", "MemberState", "MemberStats", "PauseMode", "PoolConfig", "Retry", "SGLangClient",
+    "PAUSE_MODES", "ChatEngine", "ChatResult", "ChatToolCall", "ControllableEngine", "EngineFinish", "EnginePool",
+    "EngineTimeout", "EngineUnavailable", "GenerateResult", "InferenceEngine", "MemberState", "MemberStats",
+    "OpenAIChatClient", "PauseMode", "PoolConfig", "Retry", "SGLangClient",
     "SGLangServer", "SGLangServerConfig", "SamplingParams", "Timeouts", "pool_configs",
 ]
 

@@ -1,4 +1,6 @@
-"""The inference-engine contract the rollout side relies on (token ids in, token ids + logprobs out)."""
+"""The inference-engine contracts: :class:`InferenceEngine`, what the rollout side relies on (token ids in, token
+ids + logprobs out), and :class:`ChatEngine`, a text-level chat-completions engine (messages in, assistant text
+out: no token ids, logprobs or weight versions) that evaluations may use for a model agentrl does not serve."""
 
 from __future__ import annotations
 
@@ -112,3 +114,37 @@ class ControllableEngine(InferenceEngine, Protocol):
     async def resume(self) -> None: ...
 
     async def set_weight_version(self, version: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChatToolCall:
+    """A tool call a chat-completions server returned as structured ``tool_calls`` (``arguments``: JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """One chat-completions answer. ``text`` ends with ``matched_stop`` when a stop string ended the turn (as a
+    ``/generate`` text would); ``prompt_tokens`` / ``completion_tokens`` are the server's ``usage`` (None when it
+    reports none)."""
+
+    text: str
+    finish: EngineFinish
+    matched_stop: str | None = None
+    tool_calls: tuple[ChatToolCall, ...] = ()
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float = 0.0
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """A text-level engine: one chat-completions call per model turn (see :mod:`agentrl.engine.openai_chat`)."""
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
+                   tools: Sequence[Mapping[str, Any]] = ()) -> ChatResult: ...
+
+    async def aclose(self) -> None: ...

@@ -5,12 +5,22 @@ tool-call statistics, and per-sample records (usable from Python, the CLI and th
     result = await run_eval(spec, engine=engine, tokenizer=tok, resources=resources)   # your own engine
     result = await evaluate(spec)                        # or: start what it needs (sandbox, SGLang server)
 
+A spec's ``model.openai_url`` evaluates a model agentrl does not serve, through any OpenAI-compatible chat
+completions server (text level: records and metrics say ``token_level: false``).
+
 The one evaluator: a training run's held-out evaluation runs here too (:func:`run_plan`).
 """
 
 from agentrl.eval.base import EvalResult, RecordCallback, SampleRecord, SpecError, UnknownEnvironmentError
 from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
-from agentrl.eval.engines import EngineLease, LimitedEngine, ModelServers, ResolvedModel, resolve_model_spec
+from agentrl.eval.engines import (
+    EngineLease,
+    LimitedChatEngine,
+    LimitedEngine,
+    ModelServers,
+    ResolvedModel,
+    resolve_model_spec,
+)
 from agentrl.eval.metrics import compute_metrics, pass_at_k
 from agentrl.eval.runner import EvalPlan, TooManyErrors, check_environment, run_eval, run_plan
 from agentrl.eval.services import EvalServices, evaluate
@@ -19,7 +29,7 @@ from agentrl.rewards.base import CORRECT_KEY, correctness_score, is_correct
 
 __all__ = [
     "CORRECT_KEY", "DatasetFactory", "DatasetItem", "DatasetSpec", "EngineLease", "EnvironmentSpec", "EvalPlan",
-    "EvalResult", "EvalServices", "EvalSpec", "LimitedEngine", "ModelServers", "ModelSpec", "RecordCallback",
+    "EvalResult", "EvalServices", "EvalSpec", "LimitedChatEngine", "LimitedEngine", "ModelServers", "ModelSpec", "RecordCallback",
     "ResolvedModel", "SampleRecord", "SamplingSpec", "SpecError", "TooManyErrors", "UnknownEnvironmentError",
     "builtin_datasets", "check_environment", "compute_metrics", "correctness_score", "evaluate", "is_correct",
     "load_tasks", "pass_at_k", "resolve_model_spec", "run_eval", "run_plan",

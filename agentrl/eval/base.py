@@ -9,6 +9,10 @@ metrics over them. Definitions (used everywhere: metrics, REST, CLI):
   uses too): its *correctness score* is ``>= correct_threshold`` (default 1.0). The correctness score is the
   reward breakdown's ``correct`` component (the verifier's verdict: 1 right, 0 wrong) when the environment
   reports one, else the total reward;
+- a sample is **token-level** when its episode ran token-in/token-out on an engine agentrl drives (its
+  trajectory holds token ids, logprobs and weight versions); a sample of an ``openai_url`` model ran through
+  chat completions and is not (``token_level: false``; its ``transcript`` holds the chat messages instead, and
+  its token counts are the server's ``usage``);
 - **pass@k** is the unbiased estimator of Chen et al. (2021) per item, averaged over items:
   ``pass@k = 1 - C(n - c, k) / C(n, k)`` with ``n`` ok samples of the item, ``c`` of them correct; items
   with fewer than ``k`` ok samples are left out of pass@k.
@@ -73,6 +77,8 @@ class SampleRecord:
     response: str = ""  # the model's own text, all turns in order (tool observations left out)
     error: str | None = None
     trajectory: dict[str, Any] | None = None  # agentrl.types.Trajectory.to_dict()
+    token_level: bool = True  # False: a chat-completions model (no token ids, logprobs or versions anywhere)
+    transcript: list[dict[str, Any]] | None = None  # chat messages of a sample that is not token-level
 
     @property
     def key(self) -> str:
@@ -87,9 +93,9 @@ class SampleRecord:
         return asdict(self)
 
     def without_trajectory(self) -> SampleRecord:
-        if self.trajectory is None:
+        if self.trajectory is None and self.transcript is None:
             return self
-        return SampleRecord(**{**self.to_dict(), "trajectory": None})
+        return SampleRecord(**{**self.to_dict(), "trajectory": None, "transcript": None})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SampleRecord:

@@ -4,7 +4,10 @@
 running one for every evaluation of the same folder, and stops the least recently used idle one when a new
 model needs room (waiting while all are busy). A ``url`` model is a running server the pool only connects to.
 Every engine is wrapped in :class:`LimitedEngine`: at most ``max_inflight`` generate calls per server at once,
-whatever the number of evaluations sharing it.
+whatever the number of evaluations sharing it. An ``openai_url`` model is leased as a text-level chat engine
+(:class:`agentrl.engine.openai_chat.OpenAIChatClient`, its API key read from the environment variable the spec
+names, at lease time), under the same per-server limit; its lease has no tokenizer. Its server is not contacted
+before the first sample: one that is down fails the samples (infrastructure errors), not the submission.
 """
 
 from __future__ import annotations
@@ -12,20 +15,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self
 
 import aiohttp
 
-from agentrl.engine.base import GenerateResult, InferenceEngine, SamplingParams
+from agentrl.engine.base import ChatEngine, ChatResult, GenerateResult, InferenceEngine, SamplingParams
 from agentrl.engine.client import SGLangClient
+from agentrl.engine.openai_chat import OpenAIChatClient
 from agentrl.engine.server import SGLangServer, SGLangServerConfig, wait_healthy
 from agentrl.errors import ConfigError, EngineError
 from agentrl.eval.base import SpecError
-from agentrl.eval.spec import ModelSpec
+from agentrl.eval.spec import OPENAI_TIMEOUT_S, ModelSpec
 from agentrl.models import NAMED_MODELS, is_model_ref, resolve_model
 from agentrl.tokenizer import ChatTokenizer
 
@@ -34,13 +39,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
-    """Where a model spec points: a running server (``url``) or a local folder to serve (``path``)."""
+    """Where a model spec points: a running server (``url``), a local folder to serve (``path``), or an
+    OpenAI-compatible server (``openai_url``, text level)."""
 
     label: str
     url: str | None = None
     path: Path | None = None
     tokenizer: str | None = None  # bundled name or folder; None: the model's own
     weight_version: int | None = None  # a training run's version: the server is told to report it
+    openai_url: str | None = None
+    openai_model: str | None = None
+    api_key_env: str | None = None  # the NAME of the environment variable holding the key
+    openai_timeout_s: float = OPENAI_TIMEOUT_S
+
+    @property
+    def token_level(self) -> bool:
+        """False for a chat-completions model: its episodes have no token ids, logprobs or weight versions."""
+        return self.openai_url is None
 
 
 def weights_dir(runs_dir: Path, run: str, version: int) -> Path:
@@ -48,7 +63,12 @@ def weights_dir(runs_dir: Path, run: str, version: int) -> Path:
 
 
 def check_model(spec: ModelSpec, *, runs_dir: Path) -> None:
-    """Cheap checks of a model spec (no model is built): raise :class:`SpecError` naming the field."""
+    """Cheap checks of a model spec (no model is built, no server contacted): raise :class:`SpecError` naming the
+    field."""
+    if spec.api_key_env is not None and not os.environ.get(spec.api_key_env):
+        raise SpecError(("model", "api_key_env"), f"the environment variable {spec.api_key_env!r} is not set (or "
+                        "empty) on the server: set it where the evaluation runs, or leave 'api_key_env' out for a "
+                        "server that needs no key")
     if spec.path is not None and not (Path(spec.path).expanduser() / "config.json").is_file():
         raise SpecError(("model", "path"), f"{spec.path!r} is not a model folder on the server (no config.json)")
     if spec.run is not None and spec.version is not None:
@@ -76,6 +96,10 @@ def resolve_model_spec(spec: ModelSpec, *, runs_dir: Path) -> ResolvedModel:
     """The model of a spec; bundled models are built on first use, Hugging Face ids are found in the local cache
     (see :func:`agentrl.models.resolve_model`)."""
     check_model(spec, runs_dir=runs_dir)
+    if spec.openai_url is not None:
+        return ResolvedModel(label=spec.openai_model or spec.openai_url, openai_url=spec.openai_url,
+                             openai_model=spec.openai_model, api_key_env=spec.api_key_env,
+                             openai_timeout_s=spec.openai_timeout_s or OPENAI_TIMEOUT_S)
     if spec.url is not None:
         return ResolvedModel(label=spec.url, url=spec.url.rstrip("/"), tokenizer=spec.tokenizer)
     if spec.run is not None and spec.version is not None:
@@ -108,6 +132,22 @@ class LimitedEngine:
         """The pool owns the inner engine; nothing to do."""
 
 
+class LimitedChatEngine:
+    """A :class:`ChatEngine` allowing at most ``limit`` chat calls at once (shared by all users of its server)."""
+
+    def __init__(self, inner: ChatEngine, limit: asyncio.Semaphore) -> None:
+        self.inner = inner
+        self._limit = limit
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
+                   tools: Sequence[Mapping[str, Any]] = ()) -> ChatResult:
+        async with self._limit:
+            return await self.inner.chat(messages, sampling, tools=tools)
+
+    async def aclose(self) -> None:
+        """The lease owns the inner engine; nothing to do."""
+
+
 class RunningServer(Protocol):
     @property
     def url(self) -> str: ...
@@ -121,10 +161,11 @@ Launcher = Callable[[Path], Awaitable[RunningServer]]
 
 @dataclass(frozen=True, slots=True)
 class EngineLease:
-    """An engine and the tokenizer of its model, for the duration of one evaluation."""
+    """An engine and the tokenizer of its model, for the duration of one evaluation (a chat engine and no
+    tokenizer for an ``openai_url`` model)."""
 
-    engine: InferenceEngine
-    tokenizer: ChatTokenizer
+    engine: InferenceEngine | ChatEngine
+    tokenizer: ChatTokenizer | None
     label: str
     url: str
 
@@ -158,6 +199,7 @@ class ModelServers:
         self._entries: dict[str, _Entry] = {}
         self._changed = asyncio.Condition()
         self._tokenizers: dict[str, ChatTokenizer] = {}
+        self._chat_limits: dict[str, asyncio.Semaphore] = {}  # per openai_url: its max_inflight calls
         self._tokenizer_lock = asyncio.Lock()  # one load at a time (transformers' lazy imports are not thread-safe)
         self._closed = False
         self.started = 0  # servers started so far (for metrics and tests)
@@ -172,6 +214,10 @@ class ModelServers:
     @contextlib.asynccontextmanager
     async def lease(self, model: ResolvedModel) -> AsyncIterator[EngineLease]:
         """Hold an engine for ``model`` (starting a server if needed) until the block ends."""
+        if model.openai_url is not None:
+            async with self._chat_lease(model) as lease:
+                yield lease
+            return
         entry = await self._acquire(model)
         try:
             client, _ = await asyncio.shield(entry.ready)
@@ -186,6 +232,24 @@ class ModelServers:
                 entry.refs -= 1
                 entry.last_used = time.monotonic()
                 self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def _chat_lease(self, model: ResolvedModel) -> AsyncIterator[EngineLease]:
+        assert model.openai_url is not None
+        if self._closed:
+            raise EngineError("the model servers are closed")
+        api_key = os.environ.get(model.api_key_env) if model.api_key_env else None
+        if model.api_key_env and not api_key:
+            raise EngineError(f"the environment variable {model.api_key_env!r} holding the API key of "
+                              f"{model.openai_url} is not set here")
+        limit = self._chat_limits.setdefault(model.openai_url, asyncio.Semaphore(self.max_inflight))
+        client = OpenAIChatClient(model.openai_url, model=model.openai_model, api_key=api_key,
+                                  timeout_s=model.openai_timeout_s)
+        try:
+            yield EngineLease(engine=LimitedChatEngine(client, limit), tokenizer=None, label=model.label,
+                              url=client.base_url)
+        finally:
+            await client.aclose()
 
     async def _acquire(self, model: ResolvedModel) -> _Entry:
         key = f"url:{model.url}" if model.url else f"path:{model.path}"

@@ -10,7 +10,9 @@ Every metric is over ok samples (errors are counted, never scored). Keys:
   ``tool_error_rate`` = tool_errors / tool_calls (a tool error: malformed call, or a result that is not ok);
 - ``mean_prompt_tokens``, ``mean_response_tokens`` (after the prompt), ``mean_model_tokens`` (generated),
   ``total_tokens``, ``total_model_tokens``;
-- ``finish_reasons``: episodes per finish reason.
+- ``finish_reasons``: episodes per finish reason;
+- ``token_level``: False when any sample ran through chat completions (an ``openai_url`` model: token counts are
+  the server's ``usage``, and no record holds token ids, logprobs or weight versions); None before any sample.
 
 A metric with nothing to average over is None.
 """
@@ -74,5 +76,6 @@ def compute_metrics(records: Iterable[SampleRecord], pass_k: Sequence[int]) -> d
         "total_tokens": sum(r.prompt_tokens + r.response_tokens for r in ok),
         "total_model_tokens": sum(r.model_tokens for r in ok),
         "finish_reasons": dict(sorted(Counter(str(r.finish_reason) for r in ok).items())),
+        "token_level": all(r.token_level for r in all_records) if all_records else None,
     })
     return metrics

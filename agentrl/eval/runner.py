@@ -4,7 +4,9 @@ The one evaluator of agentrl: the REST service, ``agentrl eval`` and a training 
 run here. :func:`run_eval` runs an :class:`EvalSpec` (the REST/YAML boundary); :func:`run_plan` runs an
 :class:`EvalPlan`, the spec's in-process form (what running needs: environment, sampling, budgets, retries),
 which a caller with its own validated config builds directly. Both take everything else as arguments (engine,
-tokenizer, environment resources). A run resumes: samples given in ``completed`` are not run again and count in
+tokenizer, environment resources). The engine is token-level (an :class:`InferenceEngine` and its tokenizer:
+episodes of :mod:`agentrl.async_rollout.episode`, records with trajectories) or a :class:`ChatEngine`
+(episodes of :mod:`agentrl.async_rollout.chat_episode`, records with ``token_level: false`` and a transcript). A run resumes: samples given in ``completed`` are not run again and count in
 the metrics. It stops early, with the records so far, when ``cancel`` is set.
 """
 
@@ -17,8 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agentrl.async_rollout.chat_episode import ChatEpisode, ChatEpisodeRunner
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
-from agentrl.engine.base import InferenceEngine, SamplingParams
+from agentrl.engine.base import ChatEngine, InferenceEngine, SamplingParams
 from agentrl.env.registry import EnvResources, Registry, default_registry
 from agentrl.errors import ConfigError, InfrastructureError
 from agentrl.eval.base import (
@@ -97,22 +100,38 @@ class _Job:
     task: Task
 
 
+def _scored(job: _Job, episode: Trajectory | ChatEpisode, *, threshold: float, attempts: int,
+            duration_s: float) -> dict[str, Any]:
+    """The fields of an ok record that both kinds of episode share (reward, correctness, turns, tool calls)."""
+    turns = episode.turns
+    calls = [c for t in turns for c in t.tool_calls]
+    results = [r for t in turns for r in t.tool_results]
+    bad = sum(1 for c in calls if c.error is not None) + sum(1 for r in results if not r.ok and r.status != "malformed")
+    breakdown = {k: v for k, v in episode.reward_breakdown.items() if finite(v) is not None}
+    return {"item_index": job.item_index, "sample_index": job.sample_index, "task_id": job.task.id, "status": "ok",
+            "reward": finite(episode.reward), "correct": is_correct(episode.reward, breakdown, threshold),
+            "reward_breakdown": breakdown, "finish_reason": episode.finish_reason.value, "num_turns": len(turns),
+            "num_tool_calls": len(calls), "num_tool_errors": bad, "duration_s": round(duration_s, 4),
+            "attempts": attempts, "prompt": job.task.prompt, "answer": job.task.answer,
+            "response": RewardInput.from_turns(turns).text}
+
+
 def to_record(job: _Job, traj: Trajectory, *, threshold: float, attempts: int, duration_s: float,
               keep_trajectory: bool) -> SampleRecord:
-    calls = [c for t in traj.turns for c in t.tool_calls]
-    results = [r for t in traj.turns for r in t.tool_results]
-    bad = sum(1 for c in calls if c.error is not None) + sum(1 for r in results if not r.ok and r.status != "malformed")
-    breakdown = {k: v for k, v in traj.reward_breakdown.items() if finite(v) is not None}
     return SampleRecord(
-        item_index=job.item_index, sample_index=job.sample_index, task_id=job.task.id, status="ok",
-        reward=finite(traj.reward), correct=is_correct(traj.reward, breakdown, threshold),
-        reward_breakdown=breakdown, finish_reason=traj.finish_reason.value, num_turns=len(traj.turns),
-        num_tool_calls=len(calls), num_tool_errors=bad, prompt_tokens=traj.prompt_len,
-        response_tokens=traj.num_tokens - traj.prompt_len, model_tokens=traj.num_model_tokens,
-        duration_s=round(duration_s, 4), attempts=attempts, prompt=job.task.prompt, answer=job.task.answer,
-        response=RewardInput.from_turns(traj.turns).text,
-        trajectory=_finite_trajectory(traj) if keep_trajectory else None,
-    )
+        **_scored(job, traj, threshold=threshold, attempts=attempts, duration_s=duration_s),
+        prompt_tokens=traj.prompt_len, response_tokens=traj.num_tokens - traj.prompt_len,
+        model_tokens=traj.num_model_tokens, trajectory=_finite_trajectory(traj) if keep_trajectory else None)
+
+
+def to_chat_record(job: _Job, ep: ChatEpisode, *, threshold: float, attempts: int, duration_s: float,
+                   keep_transcript: bool) -> SampleRecord:
+    """The record of a chat-completions episode: ``token_level`` False, token counts from the server's usage."""
+    return SampleRecord(
+        **_scored(job, ep, threshold=threshold, attempts=attempts, duration_s=duration_s),
+        prompt_tokens=ep.prompt_tokens, response_tokens=max(0, ep.context_tokens - ep.prompt_tokens),
+        model_tokens=ep.completion_tokens, token_level=False,
+        transcript=[dict(m) for m in ep.messages] if keep_transcript else None)
 
 
 def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
@@ -128,9 +147,15 @@ def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
 class _Run:
     """The state of one :func:`run_plan` call."""
 
-    def __init__(self, plan: EvalPlan, engine: InferenceEngine, tokenizer: ChatTokenizer, resources: EnvResources,
-                 registry: Registry, on_record: RecordCallback | None, limiter: asyncio.Semaphore | None,
-                 id_prefix: str, keep_records: bool) -> None:
+    def __init__(self, plan: EvalPlan, engine: InferenceEngine | ChatEngine, tokenizer: ChatTokenizer | None,
+                 resources: EnvResources, registry: Registry, on_record: RecordCallback | None,
+                 limiter: asyncio.Semaphore | None, id_prefix: str, keep_records: bool) -> None:
+        self.chat = not isinstance(engine, InferenceEngine)
+        if self.chat and not isinstance(engine, ChatEngine):
+            raise ConfigError(f"{type(engine).__name__} is neither an InferenceEngine (generate) nor a ChatEngine "
+                              "(chat)")
+        if not self.chat and tokenizer is None:
+            raise ConfigError("a token-level engine needs its model's tokenizer (tokenizer=...)")
         self.plan, self.engine, self.tok, self.resources, self.registry = plan, engine, tokenizer, resources, registry
         self.on_record, self.limiter, self.id_prefix = on_record, limiter, id_prefix
         self.keep_records = keep_records  # False: trajectories are not held in memory (on_record has them)
@@ -138,20 +163,25 @@ class _Run:
         self.failed_in_a_row = 0
         self.local = asyncio.Semaphore(plan.max_concurrency)
 
-    def _runner(self, job: _Job) -> EpisodeRunner:
+    def _sampling(self, job: _Job) -> SamplingParams:
         p = self.plan
         seed = p.sampling.seed
         if seed is not None:
             seed += job.item_index * p.samples_per_item + job.sample_index
-        return EpisodeRunner(self.engine, self.tok, replace(p.sampling, seed=seed), p.budget)
+        return replace(p.sampling, seed=seed)
 
-    async def _episode(self, job: _Job) -> Trajectory:
+    async def _episode(self, job: _Job) -> Trajectory | ChatEpisode:
         env = self.registry.make_env(self.plan.env_name, self.resources, **self.plan.env_options)
         tid = f"{self.id_prefix}{job.item_index}-{job.sample_index}"
         async with env:
             async with asyncio.timeout(self.plan.episode_timeout_s):
-                return await self._runner(job).run(env, job.task, env_name=self.plan.env_name,
-                                                   group_id=f"{self.id_prefix}{job.item_index}", trajectory_id=tid)
+                if isinstance(self.engine, InferenceEngine):
+                    assert self.tok is not None  # checked in __init__
+                    return await EpisodeRunner(self.engine, self.tok, self._sampling(job), self.plan.budget).run(
+                        env, job.task, env_name=self.plan.env_name, group_id=f"{self.id_prefix}{job.item_index}",
+                        trajectory_id=tid)
+                return await ChatEpisodeRunner(self.engine, self._sampling(job), self.plan.budget).run(
+                    env, job.task, env_name=self.plan.env_name, trajectory_id=tid)
 
     async def sample(self, job: _Job) -> SampleRecord:
         t0 = time.monotonic()
@@ -159,17 +189,21 @@ class _Run:
         attempts = 0
         for attempts in range(1, self.plan.sample_retries + 2):
             try:
-                traj = await self._episode(job)
+                episode = await self._episode(job)
             except (InfrastructureError, TimeoutError) as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 logger.warning("eval sample %s:%s attempt %d failed: %s", job.item_index, job.sample_index,
                                attempts, error)
                 continue
-            return to_record(job, traj, threshold=self.plan.correct_threshold, attempts=attempts,
+            if isinstance(episode, ChatEpisode):
+                return to_chat_record(job, episode, threshold=self.plan.correct_threshold, attempts=attempts,
+                                      duration_s=time.monotonic() - t0, keep_transcript=self.plan.keep_trajectories)
+            return to_record(job, episode, threshold=self.plan.correct_threshold, attempts=attempts,
                              duration_s=time.monotonic() - t0, keep_trajectory=self.plan.keep_trajectories)
         return SampleRecord(item_index=job.item_index, sample_index=job.sample_index, task_id=job.task.id,
                             status="error", error=error[:2000], attempts=attempts, prompt=job.task.prompt,
-                            answer=job.task.answer, duration_s=round(time.monotonic() - t0, 4))
+                            answer=job.task.answer, duration_s=round(time.monotonic() - t0, 4),
+                            token_level=not self.chat)
 
     async def one(self, job: _Job) -> None:
         """Run one admitted job (its slot of ``self.local`` is released here)."""
@@ -202,7 +236,8 @@ class _Run:
             raise first from None
 
 
-async def run_eval(spec: EvalSpec, *, engine: InferenceEngine, tokenizer: ChatTokenizer, resources: EnvResources,
+async def run_eval(spec: EvalSpec, *, engine: InferenceEngine | ChatEngine, tokenizer: ChatTokenizer | None,
+                   resources: EnvResources,
                    tasks: Sequence[Task] | None = None, completed: Iterable[SampleRecord] = (),
                    on_record: RecordCallback | None = None, cancel: asyncio.Event | None = None,
                    limiter: asyncio.Semaphore | None = None, registry: Registry = default_registry,
@@ -217,8 +252,8 @@ async def run_eval(spec: EvalSpec, *, engine: InferenceEngine, tokenizer: ChatTo
                           registry=registry, keep_records=keep_records, id_prefix=id_prefix)
 
 
-async def run_plan(plan: EvalPlan, tasks: Sequence[Task], *, engine: InferenceEngine, tokenizer: ChatTokenizer,
-                   resources: EnvResources, completed: Iterable[SampleRecord] = (),
+async def run_plan(plan: EvalPlan, tasks: Sequence[Task], *, engine: InferenceEngine | ChatEngine,
+                   tokenizer: ChatTokenizer | None, resources: EnvResources, completed: Iterable[SampleRecord] = (),
                    on_record: RecordCallback | None = None, cancel: asyncio.Event | None = None,
                    limiter: asyncio.Semaphore | None = None, registry: Registry = default_registry,
                    keep_records: bool = True, id_prefix: str = "eval-") -> EvalResult:

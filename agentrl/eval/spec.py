@@ -8,8 +8,9 @@ when the spec is loaded (:func:`agentrl.eval.datasets.load_tasks`, :func:`agentr
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from agentrl.models import NAMED_MODELS, is_model_ref
 
@@ -85,11 +86,37 @@ class DatasetSpec(_Strict):
         return min(n, self.limit) if n is not None and self.limit is not None else n
 
 
+def check_model_url(url: str) -> str:
+    """The one check of a model server's URL (``url``, ``openai_url``): http(s), a host, no credentials in it
+    (an API key goes in the environment variable ``api_key_env`` names). Returns it without a trailing slash.
+    (A server-side allow-list of model URLs belongs here too.)"""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a malformed port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL: {exc}") from None
+    del port
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:30000/v1")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("the URL must not hold credentials: put the API key in an environment variable of the "
+                         "server and name it in 'api_key_env'")
+    return url.rstrip("/")
+
+
+ModelUrl = Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://\S+$"),
+                     AfterValidator(check_model_url)]
+#: default deadline of one chat-completions call of an ``openai_url`` model, retries included
+OPENAI_TIMEOUT_S = 300.0
+
+
 class ModelSpec(_Strict):
     """Exactly one of: a ``name`` (a bundled model or a Hugging Face id ``Org/Name[@REVISION]`` from the server's
     local HF cache, never downloaded), a model folder ``path``, a training run's weight version
-    (``run`` + ``version`` = ``runs/<run>/weights/v<version>``), or the ``url`` of a running SGLang server.
-    For all but ``url`` the service starts (and reuses) an SGLang server."""
+    (``run`` + ``version`` = ``runs/<run>/weights/v<version>``), the ``url`` of a running SGLang server, or the
+    ``openai_url`` of any OpenAI-compatible chat-completions server (text level: no token ids, logprobs or weight
+    versions in the records, which say ``token_level: false``). For ``name``, ``path`` and ``run`` the service
+    starts (and reuses) an SGLang server."""
 
     name: str | None = Field(default=None, max_length=256,
                              description=f"bundled model ({', '.join(NAMED_MODELS)}) or a Hugging Face id "
@@ -98,17 +125,35 @@ class ModelSpec(_Strict):
     run: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$",
                             description="training run name (its weights are in runs/<run>/weights/)")
     version: int | None = Field(default=None, ge=0, le=10**9, description="weight version of `run`")
-    url: str | None = Field(default=None, min_length=8, max_length=2048, pattern=r"^https?://\S+$",
-                            description="a running SGLang server, e.g. http://127.0.0.1:30000")
+    url: ModelUrl | None = Field(default=None, description="a running SGLang server, e.g. http://127.0.0.1:30000")
+    openai_url: ModelUrl | None = Field(
+        default=None, description="an OpenAI-compatible server's base URL, e.g. http://127.0.0.1:30000/v1 (SGLang's "
+                                  "own OpenAI route) or https://api.example.com/v1; its /chat/completions is called")
+    openai_model: str | None = Field(default=None, min_length=1, max_length=256,
+                                     description="model name sent to `openai_url` (default: the first of its "
+                                                 "GET /models)")
+    api_key_env: str | None = Field(default=None, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="name of the server's environment variable holding the API key of "
+                                                "`openai_url` (never the key itself)")
+    openai_timeout_s: float | None = Field(default=None, gt=0, le=3600,
+                                           description="deadline of one chat-completions call, retries included "
+                                                       f"(default {OPENAI_TIMEOUT_S:g})")
     tokenizer: str | None = Field(default=None, min_length=1, max_length=4096,
                                   description="bundled name, Hugging Face id or folder of the tokenizer "
                                               "(default: the model's)")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        given = [k for k in ("name", "path", "run", "url") if getattr(self, k) is not None]
+        given = [k for k in ("name", "path", "run", "url", "openai_url") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of 'name', 'path', 'run' (+ 'version') or 'url' (got {given or 'none'})")
+            raise ValueError("give exactly one of 'name', 'path', 'run' (+ 'version'), 'url' or 'openai_url' "
+                             f"(got {given or 'none'})")
+        if self.openai_url is None:
+            extra = [k for k in ("openai_model", "api_key_env", "openai_timeout_s") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(repr(k) for k in extra)} go with 'openai_url' only")
+        elif self.tokenizer is not None:
+            raise ValueError("'tokenizer' does not apply to 'openai_url': the server tokenizes (no token-level records)")
         if (self.run is None) != (self.version is None):
             raise ValueError("'run' and 'version' go together: the weights in runs/<run>/weights/v<version>")
         if self.name is not None and not is_model_ref(self.name):
