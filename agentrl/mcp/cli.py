@@ -26,6 +26,8 @@ def serve(
     host: Annotated[str, typer.Option(help="http: bind address (keep it on loopback: the python tool runs code)")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="http: TCP port")] = 8765,
+    token: Annotated[str | None, typer.Option(envvar="AGENTRL_MCP_TOKEN",
+                                              help="http: require `Authorization: Bearer TOKEN`")] = None,
     python_timeout: Annotated[float, typer.Option(help="wall-clock limit of one python call, seconds")] = 10.0,
     tool_timeout: Annotated[float, typer.Option(help="limit of one registered tool's call, seconds")] = 30.0,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
@@ -40,6 +42,7 @@ def serve(
     # stdout is the protocol on stdio: every log line goes to stderr
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger(__name__)
 
     async def main() -> None:
         from agentrl.env.registry import default_registry, load_imports
@@ -53,12 +56,15 @@ def serve(
                 await box.start()  # type: ignore[attr-defined]  # fail now, with the backend's own message
             server = build_server(tools, sandbox=box, tool_timeout_s=tool_timeout,
                                   python_limits=Limits(time_s=python_timeout), one_client=transport == "stdio")
-            logging.getLogger(__name__).info("serving %d tool(s) over %s: %s", len(tools) + (box is not None),
-                                             transport, ", ".join([t.name for t in tools] + (["python"] if box else [])))
+            names = [t.name for t in tools] + (["python"] if box is not None else [])
+            log.info("serving %d tool(s) over %s: %s", len(names), transport, ", ".join(names))
             if transport == "stdio":
                 await serve_stdio(server)
             else:
-                await serve_http(server, host=host, port=port)
+                if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+                    log.warning("serving on %s without --token: anyone who reaches it can run code in the sandbox",
+                                host)
+                await serve_http(server, host=host, port=port, token=token)
         finally:
             if box is not None:
                 await box.aclose()

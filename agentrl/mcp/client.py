@@ -163,7 +163,7 @@ class McpClient:
             raise
         except Exception as exc:
             await self.aclose()
-            raise McpServerError(f"MCP server {self.name} could not be started: {_reason(exc)}") from exc
+            raise McpServerError(f"MCP server {self.name} could not be started or reached: {_reason(exc)}") from exc
         if self._client is None:
             raise McpServerError(f"MCP server {self.name}: the connection ended (see the log for why)")
         return self

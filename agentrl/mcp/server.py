@@ -184,10 +184,16 @@ async def serve_stdio(server: Any) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-async def serve_http(server: Any, *, host: str = "127.0.0.1", port: int = 8765, path: str = "/mcp") -> None:
-    """Serve streamable HTTP at ``http://host:port/path`` until interrupted (uvicorn). On a loopback host the
-    SDK's DNS-rebinding protection is on (only loopback ``Host``/``Origin`` headers are accepted)."""
+async def serve_http(server: Any, *, host: str = "127.0.0.1", port: int = 8765, path: str = "/mcp",
+                     token: str | None = None) -> None:
+    """Serve streamable HTTP at ``http://host:port/path`` until interrupted (uvicorn). With ``token``, every request
+    needs ``Authorization: Bearer <token>`` (401 otherwise). On a loopback host the SDK's DNS-rebinding protection
+    is on (only loopback ``Host``/``Origin`` headers are accepted)."""
     import uvicorn
 
-    app = server.streamable_http_app(host=host, streamable_http_path=path)
+    from agentrl._http import BearerGate
+
+    app: Any = server.streamable_http_app(host=host, streamable_http_path=path)
+    if token:
+        app = BearerGate(app, token, hint=" (the --token / AGENTRL_MCP_TOKEN the server was started with)")
     await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()

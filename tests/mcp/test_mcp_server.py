@@ -14,7 +14,7 @@ from mcp_support import agentrl_serve_args, child_env, free_port, http_server
 
 from agentrl.env import tool
 from agentrl.errors import ConfigError
-from agentrl.mcp import McpClient, build_server
+from agentrl.mcp import McpClient, McpServerError, build_server
 from agentrl.mcp.base import INTERNAL_ERROR, INVALID_PARAMS
 
 TOOLS = {"add", "divide", "nap", "broken_backend", "python"}
@@ -143,7 +143,7 @@ import sys
 sys.modules["mcp"] = None  # as if not installed
 import agentrl.cli
 from agentrl.errors import ConfigError
-from agentrl.mcp import McpClient, build_server
+from agentrl.mcp import McpClient, McpServerError, build_server
 for make in (lambda: build_server([]), lambda: McpClient("http://127.0.0.1:1/mcp")):
     try:
         make()
@@ -155,3 +155,14 @@ for make in (lambda: build_server([]), lambda: McpClient("http://127.0.0.1:1/mcp
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0 and len(lines) == 2, out.stderr[-2000:]
     assert all("pip install 'agentrl[mcp]'" in line for line in lines)
+
+
+async def test_http_with_a_token_refuses_requests_without_it() -> None:
+    port = free_port()
+    args = agentrl_serve_args("--transport", "http", "--port", str(port), "--sandbox", "none", "--token", "s3cret")
+    with http_server(args, port) as endpoint:
+        with pytest.raises(McpServerError, match="could not be started"):
+            await McpClient.http(endpoint, connect_timeout_s=20).start()
+        async with McpClient.http(endpoint, headers={"Authorization": "Bearer s3cret"}) as client:
+            assert {t.name for t in await client.tools()} == TOOLS - {"python"}
+            assert await client.call("add", {"a": 1, "b": 2}) == "3"
