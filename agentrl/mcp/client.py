@@ -15,7 +15,8 @@ that cannot be reached, closes, answers a protocol error other than ``INVALID_PA
 the deadline raises :class:`McpServerError`, an ``InfrastructureError`` that ``ToolCallingEnv`` lets through, so the
 group is retried and never scored. A slow tool is the server's to bound (it should answer ``isError`` past its
 own limit); past ``call_timeout_s`` the call is abandoned as infrastructure. Give the environment a
-``tool_timeout_s`` above ``call_timeout_s``, or its own timeout turns an unanswered call into an observation first.
+``tool_timeout_s`` above ``call_timeout_s`` (the defaults: 30 s and 20 s), or its own timeout turns an unanswered
+call into an observation first.
 
 The SDK's client holds anyio task groups, which must be left by the task that entered them; so one task owned by
 the client holds the connection from :meth:`start` to :meth:`aclose`, and calls may come from any task (episodes
@@ -102,7 +103,7 @@ class McpClient:
     ``search`` tool: ``prefix="web_"``). Every network step has a deadline: connecting ``connect_timeout_s``,
     listing and calling ``call_timeout_s``."""
 
-    def __init__(self, target: Any, *, name: str | None = None, prefix: str = "", call_timeout_s: float = 30.0,
+    def __init__(self, target: Any, *, name: str | None = None, prefix: str = "", call_timeout_s: float = 20.0,
                  connect_timeout_s: float = 30.0, max_output_chars: int = 8192,
                  headers: Mapping[str, str] | None = None) -> None:
         require_sdk()
@@ -183,7 +184,11 @@ class McpClient:
                         import httpx2
                         from mcp.client.streamable_http import streamable_http_client
 
-                        http = await stack.enter_async_context(httpx2.AsyncClient(headers=self.headers))
+                        # the SDK's own client's timeouts (its default when no client is given), our connect
+                        # deadline for connect/write/pool; a response stream may stay open (read 300 s)
+                        timeout = httpx2.Timeout(self.connect_timeout_s, read=300.0)
+                        http = await stack.enter_async_context(httpx2.AsyncClient(headers=self.headers,
+                                                                                  timeout=timeout))
                         target = streamable_http_client(target, http_client=http)
                     client = Client(target, read_timeout_seconds=self.call_timeout_s)
                     self._client = await stack.enter_async_context(client)
@@ -242,9 +247,10 @@ class McpClient:
         return self._client
 
     async def _guarded(self, what: str, request: Any) -> Any:
-        """``request`` under the call deadline, the SDK's errors sorted into the two kinds (module docstring).
-        The SDK's own read timeout answers first; ours (a second later) also bounds a transport stuck in a
-        write."""
+        """``request`` under the call deadline, the SDK's errors sorted into the two kinds (module docstring):
+        only ``INVALID_PARAMS`` is the caller's; anything else (another JSON-RPC error, a closed connection, a
+        result that does not validate) is the server's. The SDK's own read timeout answers first; ours (a second
+        later) also bounds a transport stuck in a write."""
         from mcp import MCPError
 
         try:
@@ -257,7 +263,7 @@ class McpClient:
         except TimeoutError:
             raise McpServerError(f"MCP server {self.name}: {what} got no answer within "
                                  f"{self.call_timeout_s:g}s") from None
-        except (OSError, EOFError, ConnectionError) as exc:
+        except Exception as exc:  # noqa: BLE001  (a broken transport, an answer that is not MCP: the server's fault)
             raise McpServerError(f"MCP server {self.name}: {what} failed: {_reason(exc)}") from exc
 
     async def aclose(self) -> None:

@@ -136,14 +136,18 @@ class _PythonTool:
 
     async def run(self, code: str, ctx: Any) -> tuple[str, bool]:
         """(answer text, whether it is an error); raises ``SandboxError`` when the sandbox could not run it."""
-        connection = _session_connection(ctx)
+        connection, note = _session_connection(ctx), ""
         state = connection.state if connection is not None else self.process_state
         if state is None:
             result = await self.sandbox.run(RunRequest(code=code, limits=self.limits))
         else:
             lock = state.setdefault(_STATE_KEY + ".lock", asyncio.Lock())
             async with lock:  # one cell at a time, in the order they came, in the session's interpreter
-                session = state.get(_STATE_KEY)
+                session, note = state.get(_STATE_KEY), ""
+                if session is not None and getattr(session, "closed", False):
+                    # the sandbox closes an interpreter left idle (``session_idle_s``); the client's session lives on
+                    note = "(the interpreter had been idle too long and was restarted: earlier variables are gone)\n"
+                    session = None
                 if session is None:
                     session = await self.sandbox.session("python", self.limits)
                     state[_STATE_KEY] = session
@@ -151,7 +155,7 @@ class _PythonTool:
                         connection.exit_stack.push_async_callback(session.aclose)
                 result = await session.run(code, time_s=self.limits.time_s)
         result.raise_for_sandbox()
-        return self._render(result), result.run_status is not RunStatus.FINISHED or bool(result.exit_code)
+        return note + self._render(result), result.run_status is not RunStatus.FINISHED or bool(result.exit_code)
 
     def _render(self, result: RunResult) -> str:
         parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []

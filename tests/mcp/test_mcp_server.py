@@ -166,3 +166,21 @@ async def test_http_with_a_token_refuses_requests_without_it() -> None:
         async with McpClient.http(endpoint, headers={"Authorization": "Bearer s3cret"}) as client:
             assert {t.name for t in await client.tools()} == TOOLS - {"python"}
             assert await client.call("add", {"a": 1, "b": 2}) == "3"
+
+
+async def test_an_interpreter_closed_for_idling_is_restarted_and_says_so() -> None:
+    """The sandbox closes interpreters left idle (``session_idle_s``); the MCP session outlives that, so its next
+    call gets a fresh interpreter and a note that the old variables are gone (not a SandboxError forever)."""
+    import asyncio
+
+    from agentrl.sandbox import make_sandbox
+
+    async with make_sandbox("local", max_concurrency=2, session_idle_s=1.0) as sandbox:
+        server = build_server([], sandbox=sandbox, one_client=True)
+        async with Client(server) as client:  # in process: the server object itself, no transport
+            await client.call_tool("python", {"code": "x = 1"})
+            assert text(await client.call_tool("python", {"code": "print(x)"})) == "1"
+            await asyncio.sleep(2.0)
+            result = await client.call_tool("python", {"code": "print('x' in globals())"})
+    assert not result.is_error and text(result).splitlines() == [
+        "(the interpreter had been idle too long and was restarted: earlier variables are gone)", "False"]
