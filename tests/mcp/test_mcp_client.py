@@ -46,9 +46,9 @@ def http_url() -> Iterator[str]:
 @pytest.fixture(scope="module", params=["stdio", "http"])
 async def client(request: pytest.FixtureRequest) -> AsyncIterator[McpClient]:
     if request.param == "stdio":
-        mcp = McpClient.stdio(sys.executable, [TEST_SERVER, "stdio"], call_timeout_s=1.5)
+        mcp = McpClient.stdio(sys.executable, [TEST_SERVER, "stdio"], call_timeout_s=5.0)
     else:
-        mcp = McpClient.http(request.getfixturevalue("http_url"), call_timeout_s=1.5,
+        mcp = McpClient.http(request.getfixturevalue("http_url"), call_timeout_s=5.0,
                              headers={"Authorization": "Bearer not-checked"})
     async with mcp:
         yield mcp
@@ -109,7 +109,7 @@ async def test_a_call_past_the_deadline_is_an_infrastructure_error(client: McpCl
     with pytest.raises(McpServerError, match="tools/call slow") as exc:
         await env.step(call("slow", seconds=30))
     assert isinstance(exc.value, InfrastructureError)
-    assert asyncio.get_running_loop().time() - t0 < 5  # the 1.5 s deadline, not the tool's 30 s
+    assert asyncio.get_running_loop().time() - t0 < 25  # the 5 s deadline ended it, not the tool's 30 s
     assert (await client.call("add", {"a": 1, "b": 1})) == "2"  # the connection is still usable
 
 
