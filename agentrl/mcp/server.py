@@ -31,7 +31,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.env.hermes import render_tool_output
+from agentrl.env.hermes import render_tool_output, run_tool
 from agentrl.env.tools import Tool, ToolArgumentsError
 from agentrl.errors import ConfigError, InfrastructureError
 from agentrl.mcp.base import INTERNAL_ERROR, INVALID_PARAMS, require_sdk
@@ -100,7 +100,8 @@ def build_server(tools: Sequence[Tool], *, sandbox: Sandbox | None = None, name:
                 checked = tool.validate(arguments)
             except ToolArgumentsError as exc:
                 return answer(str(exc), error=True)
-            return await _run(tool, checked, tool_timeout_s, max_output_chars, answer)
+            result = await run_tool(tool, checked, timeout_s=tool_timeout_s, max_chars=max_output_chars)
+            return answer(result.output, error=result.status != "ok")
         except InfrastructureError as exc:
             logger.error("MCP tools/call %s: %s", params.name, exc)
             raise MCPError(INTERNAL_ERROR, f"{params.name}: agentrl's infrastructure failed: {exc}") from exc
@@ -108,19 +109,6 @@ def build_server(tools: Sequence[Tool], *, sandbox: Sandbox | None = None, name:
     return Server(name, on_list_tools=list_tools, on_call_tool=call_tool,
                   get_tool_input_schema=lambda n: PYTHON_SCHEMA if python and n == PYTHON_TOOL else
                   (by_name[n].parameters if n in by_name else None))
-
-
-async def _run(tool: Tool, arguments: dict[str, Any], timeout_s: float, max_chars: int, answer: Any) -> Any:
-    try:
-        async with asyncio.timeout(timeout_s):
-            value = await tool(**arguments)
-    except TimeoutError:
-        return answer(f"Error: {tool.name} did not finish within {timeout_s:g}s", error=True)
-    except InfrastructureError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (the tool failed on these arguments: the caller reads why)
-        return answer(f"Error: {type(exc).__name__}: {exc}", error=True)
-    return answer(render_tool_output(value, max_chars))
 
 
 class _PythonTool:
