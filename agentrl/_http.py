@@ -71,3 +71,22 @@ class BodyLimit:
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = JSONResponse({"detail": f"request body over {self.max_bytes} bytes{self.hint}"}, status_code=413)
         await response(scope, receive, send)
+
+
+class BearerGate:
+    """ASGI middleware, for apps that are not FastAPI (the MCP server's Starlette app): the same check as
+    :func:`bearer_auth` on every HTTP request (401 with ``WWW-Authenticate: Bearer`` unless it carries
+    ``Authorization: Bearer <token>``, compared in constant time); lifespan events pass."""
+
+    def __init__(self, app: ASGIApp, token: str, hint: str = "") -> None:
+        self.app, self.token, self.hint = app, token.encode(), hint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            given = header[7:] if header[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(given, self.token):
+                response = JSONResponse({"detail": f"missing or wrong bearer token{self.hint}"}, status_code=401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)

@@ -125,5 +125,14 @@ def _mount_gateway() -> None:
 _mount_gateway()
 
 
+def _mount_mcp() -> None:
+    from agentrl.mcp.cli import mcp_app
+
+    app.add_typer(mcp_app, name="mcp", help="Serve agentrl's tools and sandboxed interpreter over MCP.")
+
+
+_mount_mcp()
+
+
 if __name__ == "__main__":
     app()

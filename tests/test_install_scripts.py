@@ -150,10 +150,10 @@ def test_the_makefile_passes_the_profile() -> None:
 
 
 def test_the_core_imports_without_the_optional_packages(tmp_path: Path) -> None:
-    """`pip install agentrl` without extras: no docker SDK, no trackers, no SGLang in the venv."""
+    """`pip install agentrl` without extras: no docker SDK, no trackers, no MCP SDK, no SGLang in the venv."""
     code = """
 import sys
-for name in ("docker", "wandb", "trackio", "sglang"):
+for name in ("docker", "wandb", "trackio", "sglang", "mcp"):
     sys.modules[name] = None  # as if not installed: import fails, importlib.util.find_spec says None
 import agentrl, agentrl.cli, agentrl.launcher.driver, agentrl.trainer, agentrl.eval, agentrl.api.app
 from agentrl.sandbox import docker_available, make_sandbox

@@ -104,19 +104,25 @@ class ToolCallingEnv(Environment):
         return call, await self._run(tool, arguments)
 
     async def _run(self, tool: Tool, arguments: Mapping[str, Any]) -> ToolResult:
-        t0 = time.monotonic()
-        try:
-            async with asyncio.timeout(self.tool_timeout_s):
-                value = await tool(**arguments)
-        except TimeoutError:
-            return ToolResult(tool.name, "TimeLimitExceeded",
-                              f"Error: {tool.name} did not finish within {self.tool_timeout_s:g}s",
-                              time.monotonic() - t0)
-        except InfrastructureError:
-            raise
-        except Exception as exc:  # noqa: BLE001  (any failure of the tool on these arguments: the model reads why)
-            return ToolResult(tool.name, "Error", f"Error: {type(exc).__name__}: {exc}", time.monotonic() - t0)
-        return ToolResult(tool.name, "ok", render_tool_output(value, self.max_output_chars), time.monotonic() - t0)
+        return await run_tool(tool, arguments, timeout_s=self.tool_timeout_s, max_chars=self.max_output_chars)
+
+
+async def run_tool(tool: Tool, arguments: Mapping[str, Any], *, timeout_s: float, max_chars: int) -> ToolResult:
+    """Run ``tool`` on checked ``arguments`` under ``timeout_s``: ``ok`` with its rendered output, or the call's
+    failure as a result the model reads (``TimeLimitExceeded``, ``Error`` with the exception); an
+    :class:`InfrastructureError` it raises propagates (not the call's fault). Also behind ``agentrl mcp serve``."""
+    t0 = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_s):
+            value = await tool(**arguments)
+    except TimeoutError:
+        return ToolResult(tool.name, "TimeLimitExceeded", f"Error: {tool.name} did not finish within {timeout_s:g}s",
+                          time.monotonic() - t0)
+    except InfrastructureError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (any failure of the tool on these arguments: the model reads why)
+        return ToolResult(tool.name, "Error", f"Error: {type(exc).__name__}: {exc}", time.monotonic() - t0)
+    return ToolResult(tool.name, "ok", render_tool_output(value, max_chars), time.monotonic() - t0)
 
 
 def _resolve_tool(t: Tool | str) -> Tool:
