@@ -76,7 +76,7 @@ def test_misspelt_keys_get_the_closest_known_one():
 #: a valid value other than the default, where "default + 1" (ints), "not default" (bools) or "default / 2"
 #: (floats) would not do
 OTHER = {"update_mode": "drain", "pause_mode": "abort", "max_dropped_per_queued": 1.5, "seed": 7, "stop": ["</x>"],
-         "stop_token_ids": [5]}
+         "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"'}
 
 
 def _other(name: str, default: object) -> object:
