@@ -48,15 +48,18 @@ DEMO: dict[str, Any] = {
                 "max_dropped_per_queued": 1.0},
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.1}},
     # shared_prefix: each group's ~86-token prompt runs once for its 8 responses, not 8 times (an RL step of
-    # ~6,900 tokens: 147 s -> 77 s in fp32 on one EPYC core, same loss and gradients). No KL term: at kl_coef 0.05
-    # it added 0.001-0.004 to a loss of 0.01-0.1 (KL 0.01-0.08 nats/token) and cost a reference forward, a quarter
-    # of a step, on CPUs where the trainer is the bottleneck (fp32)
+    # ~6,900 tokens: 147 s -> 77 s in fp32 on one EPYC core, same loss and gradients).
     # Dr. GRPO advantages (r - group mean, no division by the group's std): with the format reward (0.1) a group
     # whose samples all fail and differ only in format (a SyntaxError scores 0.05, a wrong answer 0.1) got the same
     # advantage scale under GRPO as a group that found the answer, and 7 of its 8 wrong answers were reinforced. On
     # the AVX2 path (fp32) GRPO's entropy went 0.06 -> 0.69 in 4 steps and the policy wrote garbage tokens; with
     # dr_grpo it stayed 0.07-0.22 over 20 steps, <= 10 % malformed calls (docs/results.md, 2026-11-24).
+    # KL to the SFT policy (k3, 0.05): dynamic sampling drops the groups of wordings SFT already solves, so nothing
+    # else holds them while RL learns the parenthesis wordings. Without it (fresh clone, seed 0, AVX2 path) the
+    # policy took the operand order of those wordings for every story within 8 steps ("Each of 16 students brings
+    # 90 pencils, and the teacher adds 2 more" -> print(16 * 2 + 90); that wording's pass rate 0.79 -> 0.09).
+    # It costs a reference forward (about a quarter of a trainer step).
     "trainer": {"layout": "shared_prefix", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},
-                "loss": {"advantage": "dr_grpo"}, "micro_batch_tokens": 4096},
+                "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3"}, "micro_batch_tokens": 4096},
     "resources": {"rollout_cores": [0], "trainer_cores": [1]},
 }
