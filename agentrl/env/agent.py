@@ -21,6 +21,7 @@ within ``timeout_s``: neither can be the model's doing, and a hang must never lo
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ def agent_factory(run: AgentFn, *, reward: RewardFn | str | None = None,
                         name=getattr(run, "__name__", ""), tool_parser=tool_parser)
 
     _check_reward(reward)  # a bad reward fails at registration, not in the first episode
+    factory.__signature__ = inspect.signature(factory, follow_wrapped=False)  # type: ignore[attr-defined]  # options
     factory.agentrl_kind = "agent"  # type: ignore[attr-defined]
     return factory
 
