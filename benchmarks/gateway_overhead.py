@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from rollout_overhead import CountingSink, NoNewWeights  # this folder's (the script's directory is on sys.path)
 
 from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
 from agentrl.async_rollout.agent_episode import AgentRunner
@@ -40,7 +41,7 @@ from agentrl.gateway import GatewayConfig, LocalGateway
 from agentrl.models import resolve_model
 from agentrl.rewards import RewardInput, RewardResult
 from agentrl.tokenizer import ChatTokenizer
-from agentrl.types import Task, Trajectory
+from agentrl.types import Task
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "mountain", "seven", "eleven", "purple", "quiet", "market"]
 FOLLOW_UP = "Go on, and say a little more."
@@ -91,22 +92,6 @@ def chat_agent(turns: int, max_new: int) -> Any:
 
 async def no_reward(task: Task, response: RewardInput) -> RewardResult:
     return RewardResult.scored(0.0)
-
-
-class CountingSink:
-    def __init__(self) -> None:
-        self.tokens = self.trajectories = self.branches = 0
-
-    async def put(self, trajectories: list[Trajectory]) -> list[str]:
-        self.trajectories += len(trajectories)
-        self.tokens += sum(t.num_model_tokens for t in trajectories)
-        return []
-
-
-class NoNewWeights:
-    async def wait_for(self, min_version: int, *, timeout_s: float) -> Any:
-        await asyncio.sleep(timeout_s)
-        raise TimeoutError
 
 
 async def one_round(runner: Any, make_env: Any, client: SGLangClient, tasks: list[Task],

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_custom_env_example import Scripted  # the same scripted engine (tests/ is on sys.path)
 
 from agentrl.async_rollout.agent_episode import AgentRunner
-from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
+from agentrl.engine.base import SamplingParams
 from agentrl.env.registry import EnvResources, default_registry, load_imports
 from agentrl.gateway import GatewayConfig, LocalGateway
 from agentrl.rewards import MathVerifier
@@ -20,15 +21,6 @@ from agentrl.types import FinishReason, Task
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "openai_agent"
-
-
-class Scripted:
-    def __init__(self, tok, turns):
-        self.tok, self.turns = tok, list(turns)
-
-    async def generate(self, input_ids, sampling, *, sticky_key=None):
-        ids = self.tok.encode_text(self.turns.pop(0)) + [self.tok.eos_token_id]
-        return GenerateResult(ids, [-0.5] * len(ids), [0] * len(ids), EngineFinish.STOP)
 
 
 async def test_the_example_agent_calls_its_calculator_and_is_scored(chat_tokenizer):
