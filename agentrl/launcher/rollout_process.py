@@ -105,7 +105,8 @@ class RolloutWorker:
         self.resources = await make_env_resources(cfg, stack)
         if agent:  # agent episodes talk to the engine through the gateway, served here once for all of them
             self.gateway = LocalGateway(self.engine, self.tok, GatewayConfig(
-                model_name=cfg.model, tool_parser=cfg.env.options.get("tool_parser", BUILTIN)))
+                model_name=cfg.model, tool_parser=cfg.env.options.get("tool_parser", BUILTIN),
+                max_resumes=cfg.rollout.budget.max_resumes))
             await self.gateway.start()
             stack.push_async_callback(self.gateway.aclose)
         await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
