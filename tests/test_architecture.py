@@ -32,8 +32,9 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("agentrl.async_rollout", ("agentrl.trainer", "agentrl.launcher", "agentrl.eval", "agentrl.api")),
     ("agentrl.engine", ("agentrl.async_rollout", "agentrl.env", "agentrl.trainer", "agentrl.launcher",
                         "agentrl.gateway")),
-    # the agent gateway sits beside the rollout: engine, env (tool parsers), tokenizer below it; no run, no trainer
-    ("agentrl.gateway", ("agentrl.trainer", "agentrl.launcher", "agentrl.eval", "agentrl.api", "agentrl.queue")),
+    # the agent gateway sits under the rollout (agent episodes): engine, env (tool parsers), tokenizer below it
+    ("agentrl.gateway", ("agentrl.trainer", "agentrl.launcher", "agentrl.eval", "agentrl.api", "agentrl.queue",
+                         "agentrl.async_rollout")),
     ("agentrl.queue", ("agentrl.async_rollout", "agentrl.env", "agentrl.engine", "agentrl.trainer",
                        "agentrl.launcher")),
     ("agentrl.eval", ("agentrl.trainer", "agentrl.launcher", "agentrl.api")),

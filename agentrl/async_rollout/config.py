@@ -52,3 +52,7 @@ class EpisodeBudget:
     max_response_tokens: Annotated[int, Field(ge=1)] = 1024  # model + observation tokens after the prompt
     max_context_tokens: Annotated[int, Field(ge=16)] = 4096  # prompt + response
     max_resumes: Annotated[int, Field(ge=0)] = 8  # continuations of aborted requests within one episode
+    # trajectories one agent episode may queue (its gateway session's token branches: forks at edited history,
+    # sub-agents, compaction); the queue's capacity is sized for it. Past it, the first max_branches - 1 and the
+    # one the agent ended on are kept
+    max_branches: Annotated[int, Field(ge=1)] = 4

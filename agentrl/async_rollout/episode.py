@@ -105,6 +105,11 @@ class EpisodeRunner:
             metadata={"answer": task.answer},
         )
 
+    async def episode(self, env: Environment, task: Task, *, env_name: str = "",
+                      group_id: str = "") -> list[Trajectory]:
+        """:meth:`run` as the scheduler calls every runner: an episode's trajectories (here always one)."""
+        return [await self.run(env, task, env_name=env_name, group_id=group_id)]
+
     def _remaining(self, st: _State) -> int:
         return min(self.budget.max_response_tokens - st.response_len,
                    self.budget.max_context_tokens - len(st.token_ids))

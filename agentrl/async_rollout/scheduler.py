@@ -23,6 +23,10 @@ load the in-flight episodes that can no longer make it are restarted at once (an
 the check is restarted), up to ``max_stale_restarts`` times, then dropped and counted. Assumes one scheduler
 feeding the queue and a trainer that starts at ``initial_version`` with the queue empty.
 
+An episode may yield several trajectories (an agent episode: one per token branch, see :mod:`agent_episode`);
+a group then holds more than ``n_samples``, and its trajectories say how many (``metadata["group_size"]``), which
+is how the trainer knows it is complete (:func:`agentrl.launcher.protocol.read_groups`).
+
 A group whose episodes hit an infrastructure failure (an :class:`InfrastructureError` from the engine, the sandbox,
 or a reward that could not be computed) is retried whole, then dropped and counted; it is never queued with a
 made-up reward.
@@ -40,13 +44,19 @@ from typing import Any, Protocol
 
 from agentrl.async_rollout.config import RolloutConfig
 from agentrl.async_rollout.curriculum import solved
-from agentrl.async_rollout.episode import EpisodeRunner
 from agentrl.async_rollout.staleness import StalenessManager
+from agentrl.env.agent import AgentEnv
 from agentrl.env.base import Environment
 from agentrl.errors import AgentRLError, InfrastructureError
 from agentrl.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
+
+class Runner(Protocol):
+    """Runs one episode of an environment: an :class:`EpisodeRunner`, or an ``AgentRunner`` for agents."""
+
+    async def episode(self, env: Any, task: Task, *, env_name: str = "", group_id: str = "") -> list[Trajectory]: ...
+
 
 class TrajectorySink(Protocol):
     async def put(self, trajectories: Sequence[Trajectory]) -> Any: ...
@@ -91,12 +101,12 @@ class _StaleGroup(Exception):
 class _Attempt:
     """One try at one episode; restarted (cancelled and run again) when it cannot meet the bound."""
 
-    task: asyncio.Task[Trajectory]
+    task: asyncio.Task[list[Trajectory]]
     start_version: int  # the engine served at least this version when it started: a floor of its tokens'
 
 
 class RolloutScheduler:
-    def __init__(self, *, runner: EpisodeRunner, engine: ReloadableEngine, make_env: Callable[[], Environment],
+    def __init__(self, *, runner: Runner, engine: ReloadableEngine, make_env: Callable[[], Environment | AgentEnv],
                  env_name: str, tasks: Iterator[Task], sink: TrajectorySink, weights: WeightSource,
                  config: RolloutConfig, initial_version: int = 0,
                  on_group: Callable[[list[Trajectory]], Awaitable[None]] | None = None) -> None:
@@ -198,17 +208,21 @@ class RolloutScheduler:
                 tasks = [tg.create_task(self._episode(task, group_id)) for _ in range(self.config.n_samples)]
         except* AgentRLError as eg:
             raise eg.exceptions[0] from None
-        return [t.result() for t in tasks]
+        group = [traj for t in tasks for traj in t.result()]
+        if len(group) != self.config.n_samples:
+            for traj in group:
+                traj.metadata["group_size"] = len(group)
+        return group
 
-    async def _episode(self, task: Task, group_id: str) -> Trajectory:
+    async def _episode(self, task: Task, group_id: str) -> list[Trajectory]:
         """Run one episode; run it again from scratch whenever the weight follower restarts it."""
         while True:
             attempt = _Attempt(asyncio.ensure_future(self._one(task, group_id)), self.version)
             self._attempts.add(attempt)
             try:
-                trajectory = await attempt.task
-                self.stats.generated_tokens += trajectory.num_model_tokens
-                return trajectory
+                trajectories = await attempt.task
+                self.stats.generated_tokens += sum(t.num_model_tokens for t in trajectories)
+                return trajectories
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
@@ -217,9 +231,9 @@ class RolloutScheduler:
             finally:
                 self._attempts.discard(attempt)
 
-    async def _one(self, task: Task, group_id: str) -> Trajectory:
+    async def _one(self, task: Task, group_id: str) -> list[Trajectory]:
         async with self.make_env() as env:
-            return await self.runner.run(env, task, env_name=self.env_name, group_id=group_id)
+            return await self.runner.episode(env, task, env_name=self.env_name, group_id=group_id)
 
     async def _queue(self, group: list[Trajectory]) -> None:
         """Put the group in the next queue slot if that keeps it within η; else raise :class:`_StaleGroup`."""

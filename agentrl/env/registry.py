@@ -48,9 +48,14 @@ class EnvResources:
 @dataclass(frozen=True, slots=True)
 class EnvSpec:
     name: str
-    factory: Callable[..., Environment]
+    factory: Callable[..., Any]  # -> Environment, or an AgentEnv (kind "agent", agentrl.env.agent)
     description: str = ""
     tools: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """``"agent"`` for an agent function (:mod:`agentrl.env.agent`), else ``"env"`` (an Environment)."""
+        return "agent" if getattr(self.factory, "agentrl_kind", None) == "agent" else "env"
 
 
 class Registry:
@@ -61,7 +66,7 @@ class Registry:
         self.tools: dict[str, Tool] = {}
         self._plugins_loaded = False
 
-    def register_env(self, name: str, factory: Callable[..., Environment] | str, *, description: str = "",
+    def register_env(self, name: str, factory: Callable[..., Any] | str, *, description: str = "",
                      tools: Iterable[str | Tool] = (), replace: bool = False) -> EnvSpec:
         """Bind ``name`` to ``factory`` (and register the :class:`Tool` objects among ``tools``); see the module
         docstring for what happens when the name is taken."""
@@ -140,6 +145,7 @@ def _origin(obj: Any) -> tuple[str, str, int | None] | None:
     """Where ``obj`` was defined: (source file or module, qualified name, first line for functions). Equal
     origins of two distinct objects mean the same definition executed twice. ``None`` (never equal to another
     origin) for objects without a qualified name, such as ``functools.partial``."""
+    obj = inspect.unwrap(obj)  # a decorator's wrapper (functools.wraps) is its function's definition
     qualname = getattr(obj, "__qualname__", None)
     if not isinstance(qualname, str):
         return None

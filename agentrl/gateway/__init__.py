@@ -19,22 +19,25 @@ if TYPE_CHECKING:
         ContinuityError,
         GatewayConfig,
         SessionClosed,
+        SessionLimits,
         SessionNotFound,
     )
     from agentrl.gateway.core import Gateway
+    from agentrl.gateway.local import LocalGateway
     from agentrl.gateway.session import Branch, Session, SessionStore, TurnRecord
 
 _HOME = {
     **dict.fromkeys(["CallOut", "ChatCall", "Completion", "ContinuityError", "GatewayConfig", "SessionClosed",
-                     "SessionNotFound"], "base"),
+                     "SessionLimits", "SessionNotFound"], "base"),
+    "LocalGateway": "local",
     "Gateway": "core",
     "create_app": "app",
     **dict.fromkeys(["Branch", "Session", "SessionStore", "TurnRecord"], "session"),
 }
 
 __all__ = [
-    "Branch", "CallOut", "ChatCall", "Completion", "ContinuityError", "Gateway", "GatewayConfig", "Session",
-    "SessionClosed", "SessionNotFound", "SessionStore", "TurnRecord", "create_app",
+    "Branch", "CallOut", "ChatCall", "Completion", "ContinuityError", "Gateway", "GatewayConfig", "LocalGateway", "Session",
+    "SessionClosed", "SessionLimits", "SessionNotFound", "SessionStore", "TurnRecord", "create_app",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOME)

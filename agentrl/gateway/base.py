@@ -48,6 +48,25 @@ class GatewayConfig(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """What one session may spend (a training episode's budget; a standalone session has none).
+
+    ``max_turns``: generations; the request after the last one is answered with no text and
+    ``finish_reason="length"`` (the session records ``exhausted = "max_turns"``). ``max_context_tokens``: a
+    request's ``max_tokens`` is clamped to what remains of it after the prompt; a prompt that leaves no room gets
+    the same empty ``length`` answer (``exhausted = "length"``). ``max_new_tokens`` caps every request's
+    ``max_tokens``. ``temperature`` / ``top_p``, when set, replace the request's: a trainer scores tokens at the
+    temperature they were sampled at, whatever the agent asked for.
+    """
+
+    max_turns: int | None = None
+    max_context_tokens: int | None = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ChatCall:
     """One chat request in the gateway's own form: OpenAI-style messages (``content`` a string; an assistant's
     ``tool_calls`` with ``function.arguments`` a dict) and OpenAI function tools."""

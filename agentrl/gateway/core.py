@@ -9,8 +9,12 @@ checks that the template keeps the history as it was, e.g. does not strip earlie
 rendered in full; the commit then forks at the first token that differs from every stored branch.
 
 SDK retries (``x-stainless-retry-count`` ≥ 1 with the same body) get the first answer again, never a second
-sample; cancelling a request (its client disconnected) cancels its generation, which the engine client aborts on
-the server.
+sample (a first attempt that failed is not replayed: the retry generates); cancelling a request (its client
+disconnected) cancels its generation, which the engine client aborts on the server.
+
+Budgets (:class:`SessionLimits`): a request past the turn budget, or whose prompt fills the context, is answered
+with no text and ``finish_reason="length"`` and generates nothing; otherwise ``max_tokens`` is clamped to the
+context that remains.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
 from agentrl.env.tool_parsers import ToolParser, make_tool_parser
 from agentrl.errors import EngineError
-from agentrl.gateway.base import CallOut, ChatCall, Completion, FinishReason, GatewayConfig
+from agentrl.gateway.base import CallOut, ChatCall, Completion, FinishReason, GatewayConfig, SessionLimits
 from agentrl.gateway.messages import prefix_keys
 from agentrl.gateway.session import Sampled, Session, TurnRecord
 from agentrl.tokenizer import ChatTokenizer
@@ -48,7 +52,8 @@ class Gateway:
         already answered, or still being answered, gets that answer."""
         session.check_open()
         session.requests += 1
-        if retry and key and (first := session.replies.get(key)) is not None and not first.cancelled():
+        first = session.replies.get(key) if retry and key else None
+        if first is not None and not first.cancelled() and not (first.done() and first.exception() is not None):
             session.replayed += 1
             return await asyncio.shield(first)
         task = asyncio.ensure_future(self._complete(session, call))
@@ -58,15 +63,28 @@ class Gateway:
             session.replies[key] = task
             while len(session.replies) > session.replay_size:
                 session.replies.popitem(last=False)
-        return await task  # cancelling this await cancels the generation
+        try:
+            return await task  # cancelling this await cancels the generation
+        except EngineError as exc:
+            session.engine_errors.append(str(exc))
+            raise
 
     async def _complete(self, session: Session, call: ChatCall) -> Completion:
+        limits = session.limits
+        if limits.max_turns is not None and session.generations >= limits.max_turns:
+            session.exhausted = "max_turns"
+            return Completion("", (), "length", prompt_tokens=0, completion_tokens=0)
         keys = prefix_keys(call.messages, call.tools)
         prompt, bridged = self.prompt_ids(session, call, keys)
+        call = _within(call, limits, len(prompt), self.config.max_tokens)
+        if call.max_tokens is not None and call.max_tokens <= 0:
+            session.exhausted = "length"
+            return Completion("", (), "length", prompt_tokens=len(prompt), completion_tokens=0)
+        session.generations += 1
         sampled, finish, matched = await self._generate(session, prompt, call)
         completion = self._answer(call, sampled, finish, matched, len(prompt))
         record = TurnRecord(0, 0, completion.finish_reason, completion.ill_formed, len(completion.tool_calls),
-                            bridged)
+                            bridged, tuple((c.name, dict(c.arguments)) for c in completion.tool_calls))
         branch = session.commit(prompt, sampled, record)
         session.remember(prefix_keys([assistant_message(completion)], [], seed=keys[-1])[-1], branch.index,
                          record.end)
@@ -152,6 +170,20 @@ class Gateway:
             while len(self._parsers) > 256:
                 self._parsers.popitem(last=False)
         return parser
+
+
+def _within(call: ChatCall, limits: SessionLimits, prompt_len: int, default_max_tokens: int) -> ChatCall:
+    """``call`` with the session's sampling imposed and ``max_tokens`` clamped to its budget (≤ 0: no room)."""
+    if limits == SessionLimits():
+        return call
+    budget = call.max_tokens or default_max_tokens
+    if limits.max_new_tokens is not None:
+        budget = min(budget, limits.max_new_tokens)
+    if limits.max_context_tokens is not None:
+        budget = min(budget, limits.max_context_tokens - prompt_len)
+    return replace(call, max_tokens=budget,
+                   temperature=call.temperature if limits.temperature is None else limits.temperature,
+                   top_p=call.top_p if limits.top_p is None else limits.top_p)
 
 
 def _first_marker(text: str) -> int:

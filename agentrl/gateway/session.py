@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agentrl.gateway.base import ContinuityError, SessionClosed, SessionNotFound
+from agentrl.gateway.base import ContinuityError, SessionClosed, SessionLimits, SessionNotFound
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -56,6 +56,7 @@ class TurnRecord:
     ill_formed: bool = False
     tool_calls: int = 0
     bridged: bool = False  # the prompt kept stored tokens and added a chat-template delta
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, arguments) of the tool calls read from it
 
 
 @dataclass(slots=True)
@@ -95,9 +96,15 @@ class Sampled:
 class Session:
     """One agent run's requests: its branches, bridge points, reward and in-flight generations."""
 
-    def __init__(self, sid: str, api_key: str, metadata: dict[str, Any] | None = None, *, replay_size: int = 64):
+    def __init__(self, sid: str, api_key: str, metadata: dict[str, Any] | None = None, *, replay_size: int = 64,
+                 limits: SessionLimits | None = None):
         self.id, self.api_key = sid, api_key
         self.metadata = dict(metadata or {})
+        self.limits = limits or SessionLimits()
+        self.generations = 0  # generations started (the turn budget counts these)
+        self.exhausted: str | None = None  # "max_turns" or "length": a request was refused for the budget
+        self.last_branch: int | None = None  # the branch the latest commit went to
+        self.engine_errors: list[str] = []  # engine failures answered (HTTP 503) in this session
         self.branches: list[Branch] = []
         self.reward: float | None = None
         self.finished = False
@@ -158,6 +165,7 @@ class Session:
             branch.weight_versions += [-1] * new_prompt + sampled.weight_versions[max(0, have - p):]
         record.start, record.end = p, end
         branch.turns.append(record)
+        self.last_branch = branch.index
         self._check(branch, seq, p, sampled, fresh=max(have, p))
         return branch
 
@@ -179,7 +187,7 @@ class Session:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "reward": self.reward, "finished": self.finished, "metrics": self.metrics,
-                "metadata": self.metadata, "requests": self.requests, "replayed": self.replayed,
+                "metadata": self.metadata, "requests": self.requests, "replayed": self.replayed, "exhausted": self.exhausted,
                 "branches": [b.to_json() for b in self.branches]}
 
 
@@ -191,9 +199,10 @@ class SessionStore:
         self._by_key: dict[str, str] = {}
         self.replay_size = replay_size
 
-    def create(self, metadata: dict[str, Any] | None = None) -> Session:
+    def create(self, metadata: dict[str, Any] | None = None, *, limits: SessionLimits | None = None) -> Session:
         sid = secrets.token_hex(12)
-        session = Session(sid, f"sk-agentrl-{secrets.token_urlsafe(18)}", metadata, replay_size=self.replay_size)
+        session = Session(sid, f"sk-agentrl-{secrets.token_urlsafe(18)}", metadata, replay_size=self.replay_size,
+                          limits=limits)
         self._sessions[sid] = session
         self._by_key[session.api_key] = sid
         return session

@@ -33,12 +33,14 @@ def registry_namespace(run: str) -> str:
     return f"agentrl:{run}"
 
 
-def queue_capacity(cfg: RunConfig) -> int:
+def queue_capacity(cfg: RunConfig, *, per_sample: int = 1) -> int:
     """Unacknowledged entries the stream may hold before producers block (backpressure, never drops): the
     ``checkpoint_every`` steps read but not yet acknowledged (acks wait for the checkpoint), plus η + 1 steps
-    ahead. Any less and a trainer between checkpoints could wait for entries the blocked producers hold."""
+    ahead. Any less and a trainer between checkpoints could wait for entries the blocked producers hold.
+    ``per_sample``: trajectories one episode may queue (an agent episode's ``max_branches``; only the producer's
+    capacity binds)."""
     r = cfg.rollout.scheduler
-    return max(16, (cfg.checkpoint_every + r.max_staleness + 1) * r.groups_per_step * r.n_samples)
+    return max(16, (cfg.checkpoint_every + r.max_staleness + 1) * r.groups_per_step * r.n_samples * per_sample)
 
 
 async def read_groups(
@@ -49,11 +51,12 @@ async def read_groups(
     carry: dict[str, list[QueueEntry]],
     stop_after_s: float,
 ) -> list[QueueEntry]:
-    """Read until ``groups`` complete groups (``group_size`` entries of one group_id) are at hand; entries of
+    """Read until ``groups`` complete groups are at hand: ``group_size`` entries of one group_id, or as many as its
+    trajectories say (``metadata["group_size"]``: agent episodes yield one trajectory per token branch); entries of
     incomplete groups stay in ``carry`` for the next step (they remain pending, never acked early)."""
     deadline = time.monotonic() + stop_after_s
     while True:
-        done = [g for g, es in carry.items() if len(es) >= group_size]
+        done = [g for g, es in carry.items() if len(es) >= es[0].trajectory.metadata.get("group_size", group_size)]
         if len(done) >= groups:
             picked: list[QueueEntry] = []
             for g in done[:groups]:

@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.async_rollout import EpisodeRunner, RolloutScheduler, SkipSolved
+from agentrl.async_rollout.agent_episode import AgentRunner
 from agentrl.engine import EnginePool, SGLangServer, pool_configs
 from agentrl.engine.recording import RecordingEngine
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources, load_imports
+from agentrl.env.tool_parsers import BUILTIN
+from agentrl.gateway import GatewayConfig, LocalGateway
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout import heldout_eval
 from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
@@ -68,6 +71,7 @@ class RolloutWorker:
         self.engine: Any = None
         self.resources: EnvResources | None = None
         self.scheduler: RolloutScheduler | None = None
+        self.gateway: LocalGateway | None = None  # for agent environments
 
     async def start(self) -> str:
         """Start everything the rollout side needs; returns the engine URL."""
@@ -91,11 +95,20 @@ class RolloutWorker:
         if cfg.engine.record_requests:
             self.engine = RecordingEngine(self.client, self.run_dir / "engine_requests.jsonl")
             stack.push_async_callback(self.engine.aclose)
-        self.queue = TrajectoryQueue(handle.client, stream_name(cfg.name), capacity=queue_capacity(cfg))
+        agent = default_registry.get_env(cfg.env.name).kind == "agent"
+        per_sample = cfg.rollout.budget.max_branches if agent else 1
+        self.queue = TrajectoryQueue(handle.client, stream_name(cfg.name),
+                                     capacity=queue_capacity(cfg, per_sample=per_sample))
         stack.push_async_callback(self.queue.aclose)
         self.registry = WeightRegistry(handle.client, registry_namespace(cfg.name))
         stack.push_async_callback(self.registry.aclose)
         self.resources = await make_env_resources(cfg, stack)
+        if agent:  # agent episodes talk to the engine through the gateway, served here once for all of them
+            self.gateway = LocalGateway(self.engine, self.tok, GatewayConfig(
+                model_name=cfg.model, tool_parser=cfg.env.options.get("tool_parser", BUILTIN),
+                max_resumes=cfg.rollout.budget.max_resumes))
+            await self.gateway.start()
+            stack.push_async_callback(self.gateway.aclose)
         await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
         return url
 
@@ -116,8 +129,11 @@ class RolloutWorker:
         logger.info("sglang ready on %s", ", ".join(s.url for s in servers))
         return servers
 
-    def _runner(self) -> EpisodeRunner:
-        return EpisodeRunner(self.engine, self.tok, self.cfg.rollout.sampling, self.cfg.rollout.budget)
+    def _runner(self) -> EpisodeRunner | AgentRunner:
+        r = self.cfg.rollout
+        if self.gateway is not None:
+            return AgentRunner(self.gateway, self.tok, r.sampling, r.budget)
+        return EpisodeRunner(self.engine, self.tok, r.sampling, r.budget)
 
     def _make_env(self) -> Any:
         return default_registry.make_env(self.cfg.env.name, self.resources, **self.cfg.env.options)

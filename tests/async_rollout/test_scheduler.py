@@ -199,3 +199,31 @@ async def test_dynamic_sampling_stays_within_its_dropping_budget(chat_tokenizer,
     assert uniform == stats.groups_uniform_queued > 0  # the budget ran out: uniform groups were queued, and counted
     if budget:
         assert stats.groups_filtered > 0
+
+
+async def test_an_episode_of_several_trajectories_makes_a_larger_group_that_says_its_size(chat_tokenizer):
+    """Agent episodes yield one trajectory per token branch: the group keeps them all and says how many."""
+    engine = SimEngine(lambda key: 0.001)
+    inner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=4), EpisodeBudget(max_turns=1))
+    calls = 0
+
+    class Forking:
+        async def episode(self, env, task, *, env_name="", group_id=""):
+            nonlocal calls
+            calls += 1
+            forked = calls % 3 == 1
+            [t] = await inner.episode(env, task, env_name=env_name, group_id=group_id)
+            return [t, t] if forked else [t]  # the 1st, 4th, ... episode "forked"
+
+    registry = SimRegistry()
+    trainer = FifoTrainer(1, registry)
+    scheduler = RolloutScheduler(
+        runner=Forking(), engine=engine, make_env=lambda: OneTurnEnv(seed=0), env_name="one", tasks=task_stream(),
+        sink=trainer, weights=registry, config=RolloutConfig(n_samples=3, groups_per_step=1, max_running_groups=1))
+    train = asyncio.create_task(trainer.run(2))
+    async with asyncio.timeout(60):
+        stats = await scheduler.run(total_groups=2, final_version=2)
+        await train
+    assert [len(g) for g in trainer.puts] == [4, 4]
+    assert all(t.metadata["group_size"] == 4 for g in trainer.puts for t in g)
+    assert stats.trajectories_queued == 8

@@ -10,6 +10,7 @@ import json
 import pytest
 from gateway_support import ScriptedEngine
 
+from agentrl.errors import EngineError
 from agentrl.gateway import ChatCall, Gateway, GatewayConfig, SessionStore
 from agentrl.gateway.core import assistant_message
 from agentrl.gateway.session import common_prefix
@@ -173,6 +174,24 @@ async def test_a_retried_request_is_replayed_not_sampled_again(smollm2_tokenizer
     assert again == one and len(engine.prompts) == 1 and session.replayed == 1
     fresh = await gw.complete(session, call, key="body-1")  # same body, no retry header: a new sample
     assert fresh.content == "twice" and len(engine.prompts) == 2
+
+
+async def test_a_retry_of_a_failed_request_generates_and_the_failure_is_recorded(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    gw, engine, store = _gateway(tok, ["ok"])
+    session = store.create()
+    real = engine.generate
+
+    async def fail_once(*args, **kwargs):
+        engine.generate = real
+        raise EngineError("server restarting")
+
+    engine.generate = fail_once
+    call = ChatCall(messages=[SYSTEM, USER])
+    with pytest.raises(EngineError):
+        await gw.complete(session, call, key="k")
+    again = await gw.complete(session, call, key="k", retry=1)  # the SDK's retry of the 503: a real generation
+    assert again.content == "ok" and session.replayed == 0 and session.engine_errors == ["server restarting"]
 
 
 async def test_a_cancelled_request_cancels_its_generation_and_commits_nothing(smollm2_tokenizer) -> None:

@@ -42,3 +42,13 @@ def test_a_bad_run_fails_before_any_server_starts(tmp_path: Path, monkeypatch: p
     with pytest.raises(ConfigError, match="did you mean 'code_timeout_s'"):
         asyncio.run(driver.run_training(cfg))
     assert not (tmp_path / "bad" / "config.yaml").exists()
+
+
+def test_an_agent_environment_is_checked_too() -> None:
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "openai_agent" / "train.yaml", [f"imports=[{root}/examples/openai_agent/agent.py]"])
+    check_run(cfg)  # its options (timeout_s) bind to the agent factory, not to the agent function
+    with pytest.raises(ConfigError, match=r"unknown option 'timeout' \(did you mean 'timeout_s'\?\)"):
+        check_env_options("calculator_agent", {"timeout": 5})
+    with pytest.raises(ConfigError, match="does not run agent environments"):
+        check_run(cfg.model_copy(update={"data": cfg.data.model_copy(update={"num_heldout": 4})}))

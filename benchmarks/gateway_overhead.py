@@ -1,0 +1,194 @@
+"""Gateway overhead: a multi-turn agent through the agent gateway vs the same turns as native episodes, on the
+same SGLang server.
+
+Both sides run through the production path, the :class:`RolloutScheduler` with groups of one sample at the same
+concurrency: the native side with the :class:`EpisodeRunner` on a multi-turn environment (each turn answered by a
+fixed user message, rendered as the chat template's delta), the agent side with the :class:`AgentRunner`, a
+:class:`LocalGateway` in this process and an agent written with the official ``openai`` client that sends the
+same conversation (the model's reply + the same user message) for the same number of turns. Same prompts, same
+``max_new_tokens``, greedy; every turn is shaped by the same SGLang regex (``extra_body`` on the agent side), so
+it ends with a stop rather than at the token budget (a native episode ends at a length stop, an agent does not)
+and both sides generate the same tokens. What the ratio measures is everything the gateway adds: HTTP and the
+client SDK, JSON, message canonicalisation and bridging, tool-call parsing, the session's commits. Rounds
+alternate (the order flips every round); the headline is the median of the per-round ratios.
+
+Prints a table, then the last line ``gateway_vs_native_ratio=… tokens_per_s=… native_tokens_per_s=… cpu=… commit=…``.
+
+Usage: .venv/bin/python benchmarks/gateway_overhead.py [--prompts 16] [--concurrency 8] [--turns 3]
+       [--max-new-tokens 48] [--rounds 6] [--model tiny] [--url http://…  (use a running server)]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+from rollout_overhead import CountingSink, NoNewWeights  # this folder's (the script's directory is on sys.path)
+
+from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
+from agentrl.async_rollout.agent_episode import AgentRunner
+from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
+from agentrl.env.agent import ClientConfig, agent_factory
+from agentrl.env.base import Environment, Observation, StepResult
+from agentrl.env.registry import EnvResources
+from agentrl.gateway import GatewayConfig, LocalGateway
+from agentrl.models import resolve_model
+from agentrl.rewards import RewardInput, RewardResult
+from agentrl.tokenizer import ChatTokenizer
+from agentrl.types import Task
+
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "mountain", "seven", "eleven", "purple", "quiet", "market"]
+FOLLOW_UP = "Go on, and say a little more."
+REGEX = r"[a-z]+( [a-z]+){5,11}\."  # one sentence of 6-12 lowercase words: every turn ends with a stop
+
+
+def make_tasks(n: int) -> list[Task]:
+    return [Task(id=f"p{i}", prompt=f"Question {i}: tell me about {WORDS[i % len(WORDS)]} and "
+                                     f"{WORDS[(3 * i + 1) % len(WORDS)]}.") for i in range(n)]
+
+
+class Chat(Environment):
+    """``turns`` model turns, each answered by the same user message."""
+
+    name = "chat"
+
+    def __init__(self, turns: int) -> None:
+        self.turns, self.done = turns, 0
+
+    async def reset(self, task: Task) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": task.prompt}]
+
+    async def step(self, text: str) -> StepResult:
+        self.done += 1
+        if self.done >= self.turns:
+            return StepResult(None, True)
+        return StepResult(Observation(messages=({"role": "user", "content": FOLLOW_UP},)), False)
+
+    async def score(self, response: RewardInput) -> RewardResult:
+        return RewardResult.scored(0.0)
+
+
+def chat_agent(turns: int, max_new: int) -> Any:
+    async def run(task: Task, client: ClientConfig) -> str:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+        async with openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
+                                      timeout=600) as llm:
+            for t in range(turns):
+                reply = await llm.chat.completions.create(model=client.model, messages=messages,  # type: ignore[arg-type]
+                                                          max_tokens=max_new, extra_body={"regex": REGEX})
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+                if t + 1 < turns:
+                    messages.append({"role": "user", "content": FOLLOW_UP})
+        return ""
+
+    return run
+
+
+async def no_reward(task: Task, response: RewardInput) -> RewardResult:
+    return RewardResult.scored(0.0)
+
+
+async def one_round(runner: Any, make_env: Any, client: SGLangClient, tasks: list[Task],
+                    concurrency: int) -> tuple[int, float, float, int]:
+    """Model tokens, wall seconds, CPU seconds of this process, trajectories."""
+    sink = CountingSink()
+    scheduler = RolloutScheduler(
+        runner=runner, engine=client, make_env=make_env, env_name="chat", tasks=iter(tasks), sink=sink,
+        weights=NoNewWeights(), config=RolloutConfig(n_samples=1, groups_per_step=len(tasks), max_staleness=0,
+                                                     max_running_groups=concurrency))
+    t0, c0 = time.perf_counter(), time.process_time()
+    await scheduler.run(total_groups=len(tasks), final_version=0)
+    return sink.tokens, time.perf_counter() - t0, time.process_time() - c0, sink.trajectories
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip().replace(" ", "_")
+    return "unknown"
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+async def main(args: argparse.Namespace) -> None:
+    model = resolve_model(args.model)
+    tok = ChatTokenizer.from_pretrained(model)
+    tasks = make_tasks(args.prompts)
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, regex=REGEX)
+    budget = EpisodeBudget(max_turns=args.turns, max_response_tokens=1 << 16, max_context_tokens=1 << 16)
+    server = None
+    url = args.url
+    if url is None:
+        server = SGLangServer(SGLangServerConfig(model_path=str(model), max_total_tokens=32768))
+        await asyncio.to_thread(server.start)
+        url = server.url
+    try:
+        async with SGLangClient(url) as client, \
+                LocalGateway(client, tok, GatewayConfig(model_name=args.model)) as gateway:
+            native = EpisodeRunner(client, tok, sampling, budget)
+            agent = AgentRunner(gateway, tok, sampling, budget)
+            agent_env = agent_factory(chat_agent(args.turns, args.max_new_tokens), reward=no_reward)
+
+            def native_round(ts: list[Task]) -> Any:
+                return one_round(native, lambda: Chat(args.turns), client, ts, args.concurrency)
+
+            def agent_round(ts: list[Task]) -> Any:
+                return one_round(agent, lambda: agent_env(EnvResources()), client, ts, args.concurrency)
+
+            await native_round(tasks[: args.concurrency])  # warm-up (the regex's grammar, the prefix cache)
+            await agent_round(tasks[: args.concurrency])
+            rows = []
+            for r in range(args.rounds):
+                if r % 2:
+                    ours = await agent_round(tasks)
+                base = await native_round(tasks)
+                if not r % 2:
+                    ours = await agent_round(tasks)
+                rows.append((r, base, ours))
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"{args.prompts} episodes × {args.turns} turns (≤ {args.max_new_tokens} new tokens each, greedy, regex-"
+          f"shaped), concurrency {args.concurrency}, model {args.model}")
+    print(f"{'round':>5} {'native tok/s':>12} {'gateway tok/s':>13} {'ratio':>6} {'tokens native/gateway':>22} "
+          f"{'client CPU ms/episode: native':>30} {'gateway':>8}")
+    for r, (nt, ns, nc, _), (gt, gs, gc, _) in rows:
+        print(f"{r:>5} {nt / ns:>12.1f} {gt / gs:>13.1f} {(gt / gs) / (nt / ns):>6.3f} {f'{nt}/{gt}':>22} "
+              f"{1000 * nc / args.prompts:>30.2f} {1000 * gc / args.prompts:>8.2f}")
+    n_tok, n_s = sum(x[1][0] for x in rows), sum(x[1][1] for x in rows)
+    g_tok, g_s = sum(x[2][0] for x in rows), sum(x[2][1] for x in rows)
+    if n_tok != g_tok:
+        print(f"note: unequal work, native {n_tok} vs gateway {g_tok} tokens (the ratio is per token)")
+    if any(x[2][3] != args.prompts for x in rows):
+        print("note: some agent episodes forked (more trajectories than episodes)")
+    median = statistics.median((gt / gs) / (nt / ns) for _, (nt, ns, _, _), (gt, gs, _, _) in rows)
+    n_cpu, g_cpu = (sum(x[i][2] for x in rows) / (args.rounds * args.prompts) for i in (1, 2))
+    print(f"aggregate: native {n_tok / n_s:.1f} tok/s, gateway {g_tok / g_s:.1f} tok/s, ratio "
+          f"{(g_tok / g_s) / (n_tok / n_s):.3f}; median of per-round ratios {median:.3f}")
+    print(f"gateway_vs_native_ratio={median:.3f} tokens_per_s={g_tok / g_s:.1f} native_tokens_per_s={n_tok / n_s:.1f} "
+          f"client_cpu_ms_per_episode={1000 * g_cpu:.2f} native_client_cpu_ms_per_episode={1000 * n_cpu:.2f} "
+          f"cpu={cpu_model()} commit={commit()}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--url", default=None, help="use a running SGLang server instead of starting one")
+    asyncio.run(main(p.parse_args()))
