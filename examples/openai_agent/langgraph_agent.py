@@ -28,7 +28,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-FORCE_ADD = r'<tool_call>\n\{"name": "add", "arguments": \{"a": [0-9]{1,3}, "b": [0-9]{1,3}\}\}\n</tool_call>'
+FORCE_ADD = r'<tool_call>\n\{"name": "add", "arguments": \{"a": [1-9][0-9]?, "b": [1-9][0-9]?\}\}\n</tool_call>'
 INSTRUCTIONS = "Answer arithmetic questions. Use the add tool to add numbers, then give the result."
 
 

@@ -63,7 +63,8 @@ async def test_framework_agent_completes_a_tool_episode_on_one_exact_branch(
         done = (await http.post(f"{gateway.url}/sessions/{session['id']}/finalize")).json()
 
     # the episode: one tool call (forced), its result fed back, a free final answer
-    assert len(gateway.requests) == 2, [r["messages"] for r in gateway.requests]
+    sampled = [chat_tokenizer.decode(g["output_ids"]) for g in gateway.generations()]
+    assert len(gateway.requests) == 2, (out, sampled)
     (call,) = out["tool_calls"]
     assert call["name"] == "add" and call["id"].startswith("call_") and set(call["arguments"]) == {"a", "b"}
     a, b = call["arguments"]["a"], call["arguments"]["b"]
@@ -74,8 +75,8 @@ async def test_framework_agent_completes_a_tool_episode_on_one_exact_branch(
     assert [t["function"]["name"] for t in first["tools"]] == ["add"] and second["tools"] == first["tools"]
 
     # the arguments are what the model sampled; the id and the arguments come back as the framework received them
-    sampled = chat_tokenizer.decode(gateway.generations()[0]["output_ids"])
-    assert json.loads(re.search(r"<tool_call>\n(.*)\n</tool_call>", sampled).group(1))["arguments"] == {"a": a, "b": b}
+    forced = re.match(r"<tool_call>\n(.*)\n</tool_call>", sampled[0])
+    assert forced and json.loads(forced.group(1))["arguments"] == {"a": a, "b": b}, sampled[0]
     (sent,) = [m for m in second["messages"] if m["role"] == "assistant"]
     (sent_call,) = sent["tool_calls"]
     assert sent_call["id"] == call["id"] and sent_call["function"]["name"] == "add"
