@@ -3,6 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
+# the agent frameworks (OpenAI Agents SDK, LangGraph) in their own venv: they need openai>=3, SGLang pins 2.8.0
+AGENTS_VENV ?= .venv-agents
 PYTEST_ARGS ?=
 
 .PHONY: install system test test-fast demo demo-smoke bench lint clean-venv
@@ -23,7 +25,8 @@ $(STAMP): pyproject.toml requirements/sglang-cpu.txt scripts/install_venv.sh
 test: install
 	@if [ "$${AGENTRL_SKIP_DOCKER:-0}" = 1 ]; then echo "agentrl: AGENTRL_SKIP_DOCKER=1: Docker tests will skip"; \
 	  else bash scripts/ensure_docker.sh; fi
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	bash scripts/install_agents_venv.sh $(AGENTS_VENV)
+	AGENTRL_AGENTS_VENV=$(AGENTS_VENV) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-fast: install
 	$(VENV)/bin/pytest -m "not slow and not sglang" $(PYTEST_ARGS)
@@ -42,4 +45,4 @@ lint: install
 	$(VENV)/bin/mypy agentrl
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(AGENTS_VENV)

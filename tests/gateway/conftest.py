@@ -1,11 +1,16 @@
 """Fixtures of the gateway tests: chat tokenizers with real templates (SmolLM2's; a Qwen2.5 one and a
-thinking-stripping one from ``templates/``, on SmolLM2's tokenizer, which has the ChatML tokens)."""
+thinking-stripping one from ``templates/``, on SmolLM2's tokenizer, which has the ChatML tokens); ``gateway``, the
+whole gateway on a real uvicorn server in front of the shared SGLang server."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from gateway_support import RequestTap, Served
 
 from agentrl.tokenizer import ChatTokenizer
 
@@ -35,3 +40,35 @@ def qwen25_tokenizer(tiny_model_path: Path) -> ChatTokenizer:
 @pytest.fixture(scope="session")
 def thinking_tokenizer(tiny_model_path: Path) -> ChatTokenizer:
     return _with_template(tiny_model_path, "thinking.jinja")
+
+
+@pytest.fixture
+async def gateway(sglang_url: str, chat_tokenizer: ChatTokenizer, tmp_path: Path) -> AsyncIterator[Served]:
+    """The gateway (model name ``tiny``, builtin tool parser) on the shared SGLang server, each ``generate``
+    recorded, each chat request's body kept."""
+    import uvicorn
+
+    from agentrl.engine.client import SGLangClient
+    from agentrl.engine.recording import RecordingEngine
+    from agentrl.gateway import Gateway, GatewayConfig, SessionStore, create_app
+
+    records = tmp_path / "generate.jsonl"
+    engine = RecordingEngine(SGLangClient(sglang_url), records)
+    store = SessionStore()
+    app = create_app(Gateway(engine, chat_tokenizer, GatewayConfig(model_name="tiny")), store)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served = Served(f"http://127.0.0.1:{port}", store, records)
+    server = uvicorn.Server(uvicorn.Config(RequestTap(app, served.requests), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    try:
+        yield served
+    finally:
+        server.should_exit = True
+        await task
+        await engine.inner.aclose()
+        await engine.aclose()

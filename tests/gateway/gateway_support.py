@@ -1,11 +1,16 @@
-"""A scripted inference engine for the gateway's unit tests."""
+"""Helpers of the gateway tests: a scripted inference engine for the unit tests; for the real-SGLang ones, what the
+``gateway`` fixture serves (:class:`Served`) and the branch invariant checked against the engine's records."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
+from agentrl.gateway import SessionStore
 from agentrl.tokenizer import ChatTokenizer
 
 
@@ -42,3 +47,52 @@ class ScriptedEngine:
         return 3
 
     async def aclose(self) -> None: ...
+
+
+class Served:
+    """A gateway on a real uvicorn server: its URL, its sessions, the engine's records (one JSON line per
+    ``generate``: input_ids, output_ids, logprobs, versions) and the JSON bodies of the chat requests it received."""
+
+    def __init__(self, url: str, store: SessionStore, records: Path) -> None:
+        self.url, self.store, self.records = url, store, records
+        self.requests: list[dict[str, Any]] = []
+
+    def generations(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.records.read_text().splitlines()]
+
+
+class RequestTap:
+    """ASGI middleware: appends the JSON body of every ``…/chat/completions`` or ``…/messages`` POST to ``into``."""
+
+    def __init__(self, app: Any, into: list[dict[str, Any]]) -> None:
+        self.app, self.into = app, into
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith(("/chat/completions", "/messages")):
+            return await self.app(scope, receive, send)
+        chunks: list[bytes] = []
+
+        async def tapped() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    self.into.append(json.loads(b"".join(chunks)))
+            return message
+
+        await self.app(scope, tapped, send)
+
+
+def check_branch(branch: dict[str, Any], generations: list[dict[str, Any]]) -> None:
+    """Each generation's prompt is the branch's prefix, followed by exactly the ids SGLang returned, mask 1, with
+    exactly its logprobs and versions; every other token is mask 0."""
+    scored = set()
+    for g in generations:
+        start, end = len(g["input_ids"]), len(g["input_ids"]) + len(g["output_ids"])
+        assert branch["token_ids"][:start] == g["input_ids"]
+        assert branch["token_ids"][start:end] == g["output_ids"]
+        assert branch["loss_mask"][start:end] == [1] * (end - start)
+        assert branch["logprobs"][start:end] == g["logprobs"]
+        assert branch["weight_versions"][start:end] == g["versions"]
+        scored |= set(range(start, end))
+    assert {i for i, m in enumerate(branch["loss_mask"]) if m} == scored

@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
-import uvicorn
-
-from agentrl.engine.client import SGLangClient
-from agentrl.engine.recording import RecordingEngine
-from agentrl.gateway import Gateway, GatewayConfig, SessionStore, create_app
+from gateway_support import Served, check_branch
 
 pytestmark = pytest.mark.sglang
 
@@ -28,51 +21,6 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add tw
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
 FORCE_CALL = r'<tool_call>\n\{"name": "add", "arguments": \{"a": [0-9], "b": [0-9]\}\}\n</tool_call>'
 MESSAGES = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "2+3?"}]
-
-
-class Served:
-    def __init__(self, url: str, store: SessionStore, records: Path) -> None:
-        self.url, self.store, self.records = url, store, records
-
-    def generations(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.records.read_text().splitlines()]
-
-
-@pytest.fixture
-async def gateway(sglang_url: str, chat_tokenizer, tmp_path: Path) -> AsyncIterator[Served]:
-    records = tmp_path / "generate.jsonl"
-    engine = RecordingEngine(SGLangClient(sglang_url), records)
-    store = SessionStore()
-    app = create_app(Gateway(engine, chat_tokenizer, GatewayConfig(model_name="tiny")), store)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
-    try:
-        yield Served(f"http://127.0.0.1:{port}", store, records)
-    finally:
-        server.should_exit = True
-        await task
-        await engine.inner.aclose()
-        await engine.aclose()
-
-
-def _check_branch(branch: dict[str, Any], generations: list[dict[str, Any]]) -> None:
-    """Each generation's prompt is the branch's prefix, followed by exactly the ids SGLang returned, mask 1, with
-    exactly its logprobs and versions; every other token is mask 0."""
-    scored = set()
-    for g in generations:
-        start, end = len(g["input_ids"]), len(g["input_ids"]) + len(g["output_ids"])
-        assert branch["token_ids"][:start] == g["input_ids"]
-        assert branch["token_ids"][start:end] == g["output_ids"]
-        assert branch["loss_mask"][start:end] == [1] * (end - start)
-        assert branch["logprobs"][start:end] == g["logprobs"]
-        assert branch["weight_versions"][start:end] == g["versions"]
-        scored |= set(range(start, end))
-    assert {i for i, m in enumerate(branch["loss_mask"]) if m} == scored
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -107,7 +55,7 @@ async def test_openai_client_multi_turn_tool_calls_make_one_exact_branch(gateway
     assert out["reward"] == 0.5 and len(out["branches"]) == 1
     branch = out["branches"][0]
     assert [t["bridged"] for t in branch["turns"]] == [False, True, True]
-    _check_branch(branch, gateway.generations())
+    check_branch(branch, gateway.generations())
 
 
 async def test_anthropic_client_tool_use_round_trip(gateway: Served) -> None:
@@ -130,7 +78,7 @@ async def test_anthropic_client_tool_use_round_trip(gateway: Served) -> None:
     assert second.stop_reason in ("end_turn", "max_tokens")
     session = gateway.store.get(created["id"])
     assert len(session.branches) == 1 and session.branches[0].turns[1].bridged
-    _check_branch(session.branches[0].to_json(), gateway.generations())
+    check_branch(session.branches[0].to_json(), gateway.generations())
 
 
 async def test_a_client_that_disconnects_aborts_its_generation(gateway: Served) -> None:
