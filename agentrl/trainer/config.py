@@ -143,3 +143,28 @@ class TrainerConfig(TrainerSettings):
     with :func:`agentrl.models.resolve_model` first), and its settings."""
 
     model: str
+
+
+class WeightSyncSettings(_Strict):
+    """How each published weight version reaches the SGLang servers (a run's ``weight_sync:`` section; the shorthand
+    ``weight_sync: distributed`` sets the mode only).
+
+    ``disk``: the trainer writes ``runs/<name>/weights/v<N>/`` and the servers load it (``/update_weights_from_disk``):
+    needs a filesystem both sides see. ``distributed``: no shared filesystem; the trainer keeps the newest weights in
+    memory (one CPU copy on rank 0, in the engine's dtype) and broadcasts them over a process group it forms with
+    the servers per update (:mod:`agentrl.weight_sync`); a failed broadcast is tried ``attempts`` times with a new
+    group, then falls back to disk when ``fallback: disk`` and the folder is readable on the rollout's node."""
+
+    mode: Literal["disk", "distributed"] = "disk"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl when the trainer runs on CUDA, else gloo
+    bucket_mb: float = Field(default=512.0, gt=0)  # one broadcast carries at most this many MiB of one dtype
+    timeout_s: float = Field(default=120.0, gt=0)  # every step of a broadcast (group formation, each bucket)
+    # what the servers connect to (the trainer's rank-0 node); null: this node's address toward the Redis server
+    address: str | None = None
+    attempts: int = Field(default=2, ge=1)  # broadcasts tried (each with a fresh group) before the fallback
+    fallback: Literal["disk", "none"] = "disk"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_shorthand(cls, value: object) -> object:
+        return {"mode": value} if isinstance(value, str) else value

@@ -108,6 +108,10 @@ class Trainer:
         return self._dist.rank
 
     @property
+    def device(self) -> torch.device:
+        return self._dist.device
+
+    @property
     def world_size(self) -> int:
         return self._dist.world_size
 
@@ -234,6 +238,15 @@ class Trainer:
         """Atomically write the current weights as an HF folder (safetensors, config, tokenizer files);
         ``durable=False`` skips the fsync (for versions a checkpoint can re-create)."""
         return storage.export_hf(self._policy, self._source, Path(path), dtype, durable=durable)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The current weights with their HF names, gathered on rank 0 (CPU); empty on other ranks. Collective."""
+        return storage.full_state_dict(self._policy)
+
+    def write_hf(self, sd: dict[str, Tensor], path: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Write ``sd`` (from :meth:`full_state_dict`, maybe of an earlier version) as an HF folder. Not
+        collective: any one rank, any thread."""
+        return storage.write_hf_folder(sd, self._policy.lm.config, self._source, Path(path), dtype, durable=False)
 
     def close(self) -> None:
         """Free the model and destroy the process group if this trainer created it. Idempotent."""

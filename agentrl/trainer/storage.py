@@ -266,23 +266,31 @@ def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | 
     Non-weight files (tokenizer, chat template, generation config) are copied from the ``source`` folder.
     ``durable=False`` skips the fsync (see :func:`publish_dir`).
     """
-    rank = dist.get_rank()
     sd = full_state_dict(model)
-    if rank == 0:
-        tmp = partial_path(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        for f in source.iterdir():
-            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != "config.json":
-                _link_or_copy(f, tmp / f.name)
-        if dtype is not None:
-            sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-        _write_safetensors(sd, tmp)
-        config = copy.deepcopy(model.lm.config)
-        config.use_cache = True
-        config.dtype = dtype or torch.float32
-        config.save_pretrained(str(tmp))
-        publish_dir(tmp, target, durable=durable)
+    if dist.get_rank() == 0:
+        write_hf_folder(sd, model.lm.config, source, target, dtype, durable=durable)
     dist.barrier()
+    return target
+
+
+def write_hf_folder(sd: dict[str, torch.Tensor], config: Any, source: Path, target: Path,
+                    dtype: torch.dtype | None = None, *, durable: bool = True) -> Path:
+    """Write the state dict ``sd`` (HF names, tied weights once) as an HF folder at ``target``, atomically: the
+    model ``config`` (a transformers config), the other files of ``source`` (tokenizer, templates) linked or copied.
+    One process, no collective: rank 0 of :func:`export_hf`, or the trainer's weight server writing a snapshot."""
+    tmp = partial_path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for f in source.iterdir():
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != "config.json":
+            _link_or_copy(f, tmp / f.name)
+    if dtype is not None:
+        sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+    _write_safetensors(sd, tmp)
+    config = copy.deepcopy(config)
+    config.use_cache = True
+    config.dtype = dtype or next((v.dtype for v in sd.values() if v.is_floating_point()), torch.float32)
+    config.save_pretrained(str(tmp))
+    publish_dir(tmp, target, durable=durable)
     return target

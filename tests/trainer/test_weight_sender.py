@@ -1,0 +1,137 @@
+"""The trainer's end of ``weight_sync: distributed`` (agentrl.trainer.weight_sync) over real gloo groups: peers in
+other processes receive exactly the snapshot that was offered, in SGLang's flattened-bucket layout; a peer that
+never joins fails the send within its timeout; the weight server answers broadcast and export requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.trainer.weight_sync import WeightSender, WeightServer, address_toward, flatten
+from agentrl.weight_sync import BucketMeta, WeightSyncError
+
+PEER = Path(__file__).with_name("weight_peer.py")
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"emb": torch.randn(50, 8, generator=g), "norm": torch.randn(8, generator=g).to(torch.bfloat16),
+            "w1": torch.randn(8, 16, generator=g), "w2": torch.randn(16, 8, generator=g), "steps": torch.tensor([3])}
+
+
+def test_a_bucket_is_its_tensors_bytes_end_to_end_and_a_changed_tensor_is_refused() -> None:
+    sd = weights(0)
+    bucket = BucketMeta(("w1", "emb"), "float32", ((8, 16), (50, 8)))
+    flat = flatten(sd, bucket)
+    assert flat.dtype == torch.uint8 and flat.numel() == bucket.nbytes
+    assert torch.equal(flat[: 8 * 16 * 4].view(torch.float32).reshape(8, 16), sd["w1"])
+    assert torch.equal(flat[8 * 16 * 4:].view(torch.float32).reshape(50, 8), sd["emb"])
+    with pytest.raises(WeightSyncError, match="changed under its offer"):
+        flatten({**sd, "w1": torch.zeros(8, 17)}, bucket)
+
+
+def test_two_peers_in_other_processes_receive_exactly_the_offered_snapshot(tmp_path: Path) -> None:
+    sender = WeightSender(address="127.0.0.1", bucket_bytes=1024, timeout_s=60)
+    sd = weights(1)
+    sender.set_weights(5, sd)
+    pending = sender.offer(3)
+    sender.set_weights(6, weights(2))  # a newer version while the offer is out: the offer keeps its snapshot
+    assert pending.offer.version == 5 and len(pending.offer.buckets) >= 4
+    assert {b.dtype for b in pending.offer.buckets} == {"float32", "bfloat16", "int64"}
+    offer = json.dumps(pending.offer.to_dict())
+    peers = [subprocess.Popen([sys.executable, str(PEER), offer, str(rank), str(tmp_path / f"peer{rank}.pt")])
+             for rank in (1, 2)]
+    try:
+        seconds = sender.send(pending)
+    finally:
+        codes = [p.wait(60) for p in peers]
+    assert codes == [0, 0] and seconds > 0
+    for rank in (1, 2):
+        got = torch.load(tmp_path / f"peer{rank}.pt")
+        assert got.keys() == sd.keys()
+        for k, v in sd.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    assert sender.offer(2).offer.version == 6
+
+
+def test_a_peer_that_never_joins_fails_the_send_within_its_timeout() -> None:
+    sender = WeightSender(address="127.0.0.1", timeout_s=2.0)
+    with pytest.raises(WeightSyncError, match="no weights to send yet"):
+        sender.offer(2)
+    sender.set_weights(1, weights(0))
+    with pytest.raises(WeightSyncError, match="at least one server"):
+        sender.offer(1)
+    pending = sender.offer(2)
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match=r"weights v1 to 1 server\(s\).*failed after"):
+        sender.send(pending)
+    assert time.monotonic() - t0 < 2.0 + 10.0
+
+
+def test_the_address_servers_reach_us_at_is_loopback_for_a_local_peer() -> None:
+    assert address_toward("127.0.0.1") == "127.0.0.1"
+
+
+class FakeChannel:
+    def __init__(self, requests: list[Any]) -> None:
+        self.requests = requests
+        self.answers: list[tuple[Any, dict[str, Any]]] = []
+
+    async def next_request(self, block_s: float) -> Any:
+        if self.requests:
+            return self.requests.pop(0)
+        await asyncio.sleep(min(block_s, 0.05))
+        return None
+
+    async def answer(self, request: Any, reply: dict[str, Any]) -> None:
+        self.answers.append((request, reply))
+
+    async def aclose(self) -> None: ...
+
+
+class Request:
+    def __init__(self, kind: str, version: int, world_size: int = 0) -> None:
+        self.kind, self.version, self.world_size, self.id = kind, version, world_size, f"{kind}-{version}"
+
+
+def serve(requests: list[Any], sender: WeightSender, tmp_path: Path, n: int) -> FakeChannel:
+    channel = FakeChannel(requests)
+    written: list[Path] = []
+
+    def write(sd: Any, path: Path) -> None:
+        path.mkdir(parents=True)
+        torch.save(dict(sd), path / "weights.pt")
+        written.append(path)
+
+    async def connect() -> FakeChannel:
+        return channel
+
+    server = WeightServer(sender, connect, export_dir=tmp_path / "weights", write=write).start()
+    deadline = time.monotonic() + 30
+    while len(channel.answers) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server.stop()
+    return channel
+
+
+def test_the_weight_server_answers_exports_and_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
+    sender = WeightSender(address="127.0.0.1", timeout_s=1.0)
+    early = serve([Request("broadcast", 1, world_size=2)], sender, tmp_path / "a", 1)
+    assert "no weights to send yet" in early.answers[0][1]["error"]
+
+    sd = weights(3)
+    sender.set_weights(4, sd)
+    channel = serve([Request("export", 4), Request("broadcast", 7, world_size=2)], sender, tmp_path / "b", 2)
+    (_, exported), (_, newer) = channel.answers
+    assert exported == {"path": str(tmp_path / "b" / "weights" / "v4"), "version": 4}
+    saved = torch.load(Path(exported["path"]) / "weights.pt")
+    assert all(torch.equal(saved[k], v) for k, v in sd.items())
+    assert "has v4, not v7" in newer["error"]
