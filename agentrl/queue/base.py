@@ -69,13 +69,18 @@ class QueueStats:
 
 @dataclass(frozen=True, slots=True)
 class WeightVersion:
-    """One published set of weights: where they are, which trainer step made them, when, and its metrics."""
+    """One published set of weights: where they are, which trainer step made them, when, and its metrics.
+
+    ``transport`` says how the rollout side gets them: ``disk`` (load the HF folder ``path``), ``distributed`` (ask
+    the trainer for a broadcast, :mod:`agentrl.queue.weight_sync`; ``path`` is where the trainer would write them)
+    or ``base`` (the weights the servers were started with: nothing to load)."""
 
     version: int
     path: str
     step: int
     created_at: float
     metrics: Mapping[str, float] = field(default_factory=dict)
+    transport: str = "disk"
 
 
 @runtime_checkable

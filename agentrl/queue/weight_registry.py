@@ -2,7 +2,7 @@
 
 Keys under ``namespace`` N:
 
-- ``N:versions``    hash   version -> JSON record (path, step, created_at, metrics);
+- ``N:versions``    hash   version -> JSON record (path, step, created_at, metrics, transport);
 - ``N:latest``      string the highest published version;
 - ``N:events``      stream one entry per publish (field ``v``), what :meth:`WeightRegistry.wait_for` blocks on.
 
@@ -27,6 +27,9 @@ from agentrl.queue.base import WeightVersion, WeightVersionError
 from agentrl.queue.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
+
+
+TRANSPORTS = ("disk", "distributed", "base")
 
 
 class VersionWaitTimeout(WeightVersionError, TimeoutError):
@@ -80,12 +83,15 @@ class WeightRegistry:
         self._get_latest = redis_client.register_script(_LATEST)
         self._rewind = redis_client.register_script(_REWIND)
 
-    async def publish(self, version: int, path: str, *, step: int,
-                      metrics: Mapping[str, float] | None = None) -> WeightVersion:
-        """Register ``version`` at ``path`` and wake every ``wait_for``. Publishing an existing version again
-        with the same path replaces its record (a resumed trainer); with another path it is an error."""
+    async def publish(self, version: int, path: str, *, step: int, metrics: Mapping[str, float] | None = None,
+                      transport: str = "disk") -> WeightVersion:
+        """Register ``version`` at ``path`` (``transport``: see WeightVersion) and wake every ``wait_for``.
+        Publishing an existing version again with the same path replaces its record (a resumed trainer); with
+        another path it is an error."""
+        if transport not in TRANSPORTS:
+            raise WeightVersionError(f"unknown weight transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
         wv = WeightVersion(version=int(version), path=str(path), step=int(step), created_at=time.time(),
-                           metrics={k: float(v) for k, v in (metrics or {}).items()})
+                           metrics={k: float(v) for k, v in (metrics or {}).items()}, transport=transport)
         keys = [self._versions, self._latest, self._events]
         ok, record = await self._call(lambda: self._publish(keys=keys, args=[wv.version, _dump(wv), _path_prefix(wv.path)]),
                                       "publish")
@@ -167,10 +173,11 @@ def _path_prefix(path: str) -> str:
 
 
 def _dump(wv: WeightVersion) -> str:
-    return json.dumps({"path": wv.path, "step": wv.step, "created_at": wv.created_at, "metrics": dict(wv.metrics)})
+    return json.dumps({"path": wv.path, "step": wv.step, "created_at": wv.created_at, "metrics": dict(wv.metrics),
+                       "transport": wv.transport})
 
 
 def _load(version: int, record: bytes | str) -> WeightVersion:
     d = json.loads(record)
     return WeightVersion(version=version, path=d["path"], step=int(d["step"]), created_at=float(d["created_at"]),
-                         metrics={k: float(v) for k, v in d["metrics"].items()})
+                         metrics={k: float(v) for k, v in d["metrics"].items()}, transport=d.get("transport", "disk"))

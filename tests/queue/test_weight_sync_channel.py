@@ -1,0 +1,58 @@
+"""The weight-sync channel (agentrl.queue.weight_sync) on real Redis servers: a request reaches the trainer's end
+and its answer comes back to the asker only; error answers and silence become WeightSyncError; a request whose
+asker gave up is skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio
+
+from agentrl.queue.weight_sync import SyncChannel
+from agentrl.weight_sync import BucketMeta, WeightOffer, WeightSyncError
+
+OFFER = WeightOffer(version=2, address="127.0.0.1", port=1234, group="g", world_size=2, backend="gloo",
+                    timeout_s=5.0, buckets=(BucketMeta(("w",), "float32", ((2,),)),))
+
+
+async def trainer(channel: SyncChannel, replies: list[dict]) -> list:
+    seen = []
+    for reply in replies:
+        request = await channel.next_request(block_s=5)
+        assert request is not None
+        seen.append(request)
+        await channel.answer(request, reply)
+    return seen
+
+
+async def test_requests_reach_the_trainer_and_each_answer_reaches_its_asker(client: redis.asyncio.Redis,
+                                                                            name: str) -> None:
+    channel = SyncChannel(client, name)
+    serving = asyncio.create_task(trainer(channel, [{"offer": OFFER.to_dict()}, {"path": "/w/v2", "version": 2}]))
+    assert await channel.offer(2, world_size=2, timeout_s=5) == OFFER
+    assert await channel.export(2, timeout_s=5) == ("/w/v2", 2)
+    broadcast, export = await serving
+    assert (broadcast.kind, broadcast.version, broadcast.world_size) == ("broadcast", 2, 2)
+    assert export.kind == "export" and not export.expired
+
+
+async def test_an_error_answer_and_no_answer_are_weight_sync_errors(client: redis.asyncio.Redis, name: str) -> None:
+    channel = SyncChannel(client, name)
+    serving = asyncio.create_task(trainer(channel, [{"error": "no weights to send yet"}]))
+    with pytest.raises(WeightSyncError, match="refused the broadcast request for weights v3: no weights"):
+        await channel.offer(3, world_size=2, timeout_s=5)
+    await serving
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match="did not answer the export request .* within 0.3s"):
+        await channel.export(3, timeout_s=0.3)
+    assert time.monotonic() - t0 < 5
+
+
+async def test_a_request_whose_asker_gave_up_is_skipped(client: redis.asyncio.Redis, name: str) -> None:
+    channel = SyncChannel(client, name)
+    with pytest.raises(WeightSyncError):
+        await channel.offer(1, world_size=2, timeout_s=0.2)  # nobody serves: the asker gives up
+    await asyncio.sleep(0.3)
+    assert await channel.next_request(block_s=0.5) is None  # its deadline passed: not served late
