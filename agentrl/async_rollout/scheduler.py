@@ -109,7 +109,11 @@ class RolloutScheduler:
     def __init__(self, *, runner: Runner, engine: ReloadableEngine, make_env: Callable[[], Environment | AgentEnv],
                  env_name: str, tasks: Iterator[Task], sink: TrajectorySink, weights: WeightSource,
                  config: RolloutConfig, initial_version: int = 0,
-                 on_group: Callable[[list[Trajectory]], Awaitable[None]] | None = None) -> None:
+                 on_group: Callable[[list[Trajectory]], Awaitable[None]] | None = None,
+                 load_weights: Callable[[Any], Awaitable[int]] | None = None) -> None:
+        """``load_weights(wv)`` brings the engine to a published version and returns the version it now serves
+        (the rollout process's loader knows every transport: a folder, a broadcast); by default the engine loads
+        ``wv.path`` as ``wv.version``."""
         self.runner = runner
         self.engine = engine
         self.make_env = make_env
@@ -119,6 +123,7 @@ class RolloutScheduler:
         self.weights = weights
         self.config = config
         self.on_group = on_group
+        self.load_weights = load_weights or self._from_path
         self.version = initial_version
         self.initial_version = initial_version
         self.gate = StalenessManager(groups_per_step=config.groups_per_step, max_staleness=config.max_staleness,
@@ -267,19 +272,21 @@ class RolloutScheduler:
     async def _follow_weights(self, final_version: int) -> None:
         while self.version < final_version:
             wv = await self.weights.wait_for(self.version + 1, timeout_s=self.config.weight_wait_timeout_s)
-            await self._load(str(wv.path), int(wv.version))
+            await self._load(wv)
 
-    async def _load(self, path: str, version: int) -> None:
+    async def _from_path(self, wv: Any) -> int:
+        await self.engine.update_weights(str(wv.path), int(wv.version))
+        return int(wv.version)
+
+    async def _load(self, wv: Any) -> None:
         t0 = time.monotonic()
         mode = self.config.update_mode
         if mode == "drain":
-            await self.engine.update_weights(path, version)
-            self.version = version
+            self.version = version = await self.load_weights(wv)
         else:
             await self.engine.pause("abort" if mode == "abort_restart" else self.config.pause_mode)
             try:
-                await self.engine.update_weights(path, version)
-                self.version = version
+                self.version = version = await self.load_weights(wv)
                 if mode == "abort_restart":  # restarted episodes wait on the paused server for the resume
                     self._restart(lambda a: a.start_version < version)
             finally:

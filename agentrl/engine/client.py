@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import aiohttp
 
@@ -37,6 +37,7 @@ from agentrl.retry import Retry
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({502, 503})
+Health = Literal["ok", "unreachable", "unresponsive"]
 
 
 class _Busy(EngineError):
@@ -183,6 +184,45 @@ class SGLangClient:
         if not out.get("success", False):
             raise EngineError(f"{self.url} failed to load weights v{version} from {path}: {out.get('message')}")
 
+    # -- weights through a process group (SGLang's RL update path; agentrl.engine.weight_sync drives the order) --
+
+    async def init_weight_group(self, *, address: str, port: int, rank: int, world_size: int, group: str,
+                                backend: str, timeout_s: float) -> None:
+        """Join the trainer's group as ``rank``; returns once every member joined (SGLang blocks until then)."""
+        await self._checked("/init_weights_update_group", {
+            "master_address": address, "master_port": port, "rank_offset": rank, "world_size": world_size,
+            "group_name": group, "backend": backend}, f"join weight group {group}", timeout_s)
+
+    async def destroy_weight_group(self, group: str, *, timeout_s: float | None = None) -> None:
+        await self._checked("/destroy_weights_update_group", {"group_name": group}, f"leave weight group {group}",
+                            timeout_s or self.timeouts.control_s)
+
+    async def begin_weight_update(self, *, timeout_s: float | None = None) -> None:
+        """Open SGLang's weight-update session (0.5.23 refuses distributed updates outside one). Unless the server
+        is paused this waits for the requests in flight, as a disk update does."""
+        await self._checked("/begin_weight_update", {}, "begin a weight update",
+                            timeout_s or self.timeouts.update_weights_s)
+
+    async def end_weight_update(self, *, timeout_s: float | None = None) -> None:
+        await self._checked("/end_weight_update", {}, "end a weight update", timeout_s or self.timeouts.control_s)
+
+    async def receive_weight_bucket(self, *, group: str, names: Sequence[str], dtype: str,
+                                    shapes: Sequence[Sequence[int]], version: int | None, timeout_s: float) -> None:
+        """Receive one flattened bucket the trainer broadcasts and load it; ``version`` (the last bucket's) becomes
+        the served version and flushes the cache (unless paused ``in_place``: frozen requests keep it)."""
+        last = version is not None
+        await self._checked("/update_weights_from_distributed", {
+            "names": list(names), "dtypes": [dtype] * len(names), "shapes": [list(s) for s in shapes],
+            "group_name": group, "load_format": "flattened_bucket",
+            "flush_cache": last and self._paused != "in_place",
+            **({"weight_version": str(version)} if last else {})}, f"receive weights ({len(names)} tensors)",
+            timeout_s)
+
+    async def _checked(self, path: str, body: dict[str, Any], what: str, timeout_s: float) -> None:
+        out = await self._call("POST", path, json=body, timeout_s=timeout_s)
+        if not out.get("success", False):
+            raise EngineError(f"{self.url} could not {what}: {out.get('message') or out}")
+
     async def set_weight_version(self, version: int) -> None:
         out = await self._call(
             "POST", "/update_weight_version", json={"new_version": str(version)}, timeout_s=self.timeouts.control_s
@@ -196,13 +236,21 @@ class SGLangClient:
 
     async def health(self, timeout_s: float | None = None) -> bool:
         """True if ``/health`` answers 200 within ``timeout_s`` (default: the control timeout); never raises."""
+        return await self.probe(timeout_s) == "ok"
+
+    async def probe(self, timeout_s: float | None = None) -> Health:
+        """``/health`` as the pool reads it: ``ok``; ``unreachable`` (nobody listens: connection refused or reset,
+        the process is gone); ``unresponsive`` (no 200 in time: busy or hung, e.g. SGLang's 503 "no response from
+        the detokenizer" on a starved machine). Never raises."""
         try:
             async with asyncio.timeout(timeout_s or self.timeouts.control_s):
                 async with self._http().get(self.url + "/health") as resp:
                     await resp.read()
-                    return resp.status == 200
+                    return "ok" if resp.status == 200 else "unresponsive"
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            return "unreachable"
         except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
+            return "unresponsive"
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         """``/pause_generation``; new requests wait on the server until :meth:`resume` (see ``PauseMode``)."""

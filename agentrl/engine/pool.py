@@ -1,10 +1,11 @@
 """Several SGLang servers behind one engine: sticky routing, health checks, crash recovery with weight resync.
 
     generate(ids, sticky_key=k) ──► the server k was first sent to (least busy at that moment), while it is up
-    update_weights / pause / resume / set_weight_version ──► every server that is up
+    load_weights(source) / update_weights / pause / resume / set_weight_version ──► every server that is up
     health loop ──► a server whose process died, or that failed ``failures_to_down`` checks in a row, is taken
                     out; if agentrl started it, it is restarted on the same port, loads the CURRENT weights
-                    (the last ``update_weights``/``set_weight_version``), is paused too if the pool is, and
+                    (from the last weight source: a folder, a broadcast, or the start-up weights under a
+                    version), is paused too if the pool is, and
                     only then is put back (as slime does).
 
 Requests in flight on a server that dies fail with :class:`EngineError` (the rollout scheduler retries the group);
@@ -22,15 +23,17 @@ import asyncio
 import enum
 import itertools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self
 
 from agentrl.engine.base import EngineTimeout, EngineUnavailable, GenerateResult, PauseMode, SamplingParams
 from agentrl.engine.client import SGLangClient
 from agentrl.engine.server import SGLangServer, SGLangServerConfig
+from agentrl.engine.weight_sync import AsStarted, FromDisk, Outcome, WeightSource
 from agentrl.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ class ManagedServer(Protocol):
     @property
     def url(self) -> str: ...
     def alive(self) -> bool: ...
+    def cpu_seconds(self) -> float | None: ...  # CPU time of its processes so far (None: unknown)
     def restart(self) -> Any: ...
     def stop(self, timeout_s: float = ...) -> None: ...
 
@@ -58,19 +62,17 @@ class PoolConfig:
     health_interval_s: float = 5.0
     health_timeout_s: float = 10.0
     failures_to_down: int = 3  # consecutive failed /health checks (a dead process counts at once)
+    # slow is not dead: a server that stops answering /health but is alive is taken out only once it has made no
+    # progress (no CPU time used by its processes, no request finished, no health answer) for hung_after_s, or
+    # has not answered for max_unhealthy_s whatever it does (on a starved machine SGLang answers 503 for minutes
+    # while it still decodes)
+    hung_after_s: float = 120.0
+    max_unhealthy_s: float = 900.0
     restart: bool = True  # restart servers agentrl started
     max_restarts: int = 5  # per server, over the pool's life
     restart_backoff_s: float = 2.0  # after a failed restart: backoff · 2^(k-1), at most 60 s
     wait_for_server_s: float = 300.0  # generate waits this long for a server to be up
     sticky_capacity: int = 65536  # routing entries kept (least recently used dropped)
-
-
-@dataclass
-class _Target:
-    """The weights every server must serve: ``path`` None means the weights the server was started with."""
-
-    path: str | None = None
-    version: int | None = None
 
 
 @dataclass
@@ -83,6 +85,10 @@ class _Member:
     failures: int = 0
     restarts: int = 0
     starting: asyncio.Future[Any] | None = None  # the thread (re)starting the server process
+    # the last sign of work (a health answer, a finished request, CPU time used; see PoolConfig.hung_after_s)
+    last_progress: float = field(default_factory=time.monotonic)
+    unhealthy_since: float | None = None  # when /health last went from answering to not
+    cpu_s: float | None = None  # its processes' CPU time at the last check
 
     @property
     def url(self) -> str:
@@ -117,7 +123,7 @@ class EnginePool:
         self._rr = itertools.count()
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()  # weight updates, pause state and membership changes
-        self._target = _Target()
+        self._target: WeightSource | None = None  # None: the weights the servers were started with
         self._paused: PauseMode | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -165,7 +171,9 @@ class EnginePool:
         member.inflight += 1
         member.requests += 1
         try:
-            return await member.client.generate(input_ids, sampling)
+            result = await member.client.generate(input_ids, sampling)
+            member.last_progress = time.monotonic()
+            return result
         except EngineUnavailable:
             self._suspect(member)
             raise
@@ -210,18 +218,23 @@ class EnginePool:
 
     # -- weights and control, fanned out ----------------------------------------------------------------------
 
-    async def update_weights(self, path: str, version: int) -> None:
-        """Load ``path`` as ``version`` on every server that is up. A server that dies or hangs meanwhile is taken
-        out and comes back with these weights; a server that refuses them (bad path, say) raises EngineError."""
+    async def load_weights(self, source: WeightSource) -> int:
+        """Bring every server that is up to ``source``'s weights; returns the version they now serve. A server that
+        dies or hangs meanwhile is taken out and comes back with these weights (from the same source); a server
+        that refuses them (a bad path, say) raises EngineError."""
         async with self._lock:
-            self._target = _Target(path, version)
-            await self._fan_out(lambda c: c.update_weights(path, version), f"load weights v{version}")
+            self._target = source
+            up = [m for m in self._members if m.state is MemberState.UP]
+            self._settle(up, await source.load([m.client for m in up]), f"load weights v{source.version}")
+            return source.version
+
+    async def update_weights(self, path: str, version: int) -> None:
+        """Load the HF folder ``path`` as ``version`` on every server that is up (see :meth:`load_weights`)."""
+        await self.load_weights(FromDisk(path, version))
 
     async def set_weight_version(self, version: int) -> None:
         """Report the weights the servers were started with as ``version``."""
-        async with self._lock:
-            self._target = _Target(None, version)
-            await self._fan_out(lambda c: c.set_weight_version(version), f"set weight version {version}")
+        await self.load_weights(AsStarted(version))
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         async with self._lock:
@@ -247,8 +260,11 @@ class EnginePool:
         current weights and pause state before they rejoin); any other failure is raised, naming the servers."""
         up = [m for m in self._members if m.state is MemberState.UP]
         results = await asyncio.gather(*(op(m.client) for m in up), return_exceptions=True)
+        self._settle(up, [r if isinstance(r, BaseException) else None for r in results], what)
+
+    def _settle(self, members: list[_Member], outcome: Outcome, what: str) -> None:
         refused = []
-        for m, r in zip(up, results):
+        for m, r in zip(members, outcome):
             if isinstance(r, (EngineUnavailable, EngineTimeout)):
                 logger.error("%s failed on %s: %s; taking it out", what, m.url, r)
                 self._take_out(m)
@@ -257,7 +273,7 @@ class EnginePool:
             elif isinstance(r, BaseException):
                 raise r
         if refused:
-            raise EngineError(f"{what} failed on {len(refused)} of {len(up)} servers: " + "; ".join(refused))
+            raise EngineError(f"{what} failed on {len(refused)} of {len(members)} servers: " + "; ".join(refused))
 
     # -- health and recovery ----------------------------------------------------------------------------------
 
@@ -275,16 +291,34 @@ class EnginePool:
         if member.state in (MemberState.RESTARTING, MemberState.FAILED):
             return
         dead = member.server is not None and not member.server.alive()
-        healthy = not dead and await member.client.health(self.config.health_timeout_s)
+        health = "unreachable" if dead else await member.client.probe(self.config.health_timeout_s)
+        healthy = health == "ok"
         if member.state is MemberState.DOWN:
             if healthy and member.server is None:  # a server we do not manage answers again
                 self._spawn(self._rejoin_logged(member))
             return
-        member.failures = 0 if healthy else member.failures + 1
-        if dead or member.failures >= self.config.failures_to_down:
-            logger.error("SGLang server %s is %s; taking it out", member.url,
-                         "dead" if dead else f"not answering /health ({member.failures} checks)")
+        now = time.monotonic()
+        if healthy:
+            member.failures, member.unhealthy_since, member.last_progress = 0, None, now
+            return
+        member.failures += 1
+        member.unhealthy_since = member.unhealthy_since or now
+        cpu = member.server.cpu_seconds() if member.server is not None else None
+        if cpu is not None and member.cpu_s is not None and cpu > member.cpu_s + 0.05:
+            member.last_progress = now  # its processes are computing: slow, not hung
+        member.cpu_s = cpu
+        if member.failures < self.config.failures_to_down:
+            return
+        idle_s, unhealthy_s = now - member.last_progress, now - member.unhealthy_since
+        if health == "unreachable" or idle_s >= self.config.hung_after_s or unhealthy_s >= self.config.max_unhealthy_s:
+            why = ("dead" if dead else "unreachable" if health == "unreachable" else
+                   f"not answering /health for {unhealthy_s:.0f}s, no progress for {idle_s:.0f}s")
+            logger.error("SGLang server %s is %s; taking it out", member.url, why)
             self._take_out(member)
+        elif member.failures == self.config.failures_to_down:
+            logger.warning("SGLang server %s is not answering /health but is still working (CPU or requests): "
+                           "slow, not dead; taken out only after %.0fs without progress", member.url,
+                           self.config.hung_after_s)
 
     def _take_out(self, member: _Member) -> None:
         if member.state is not MemberState.UP or self._closing:
@@ -325,14 +359,14 @@ class EnginePool:
             target = self._target
             if self._paused is None and member.client.paused is not None:
                 await member.client.resume()  # a fresh process is not paused; forget the old state
-            if target.path is not None and target.version is not None:
-                await member.client.update_weights(target.path, target.version)
-            elif target.version is not None:
-                await member.client.set_weight_version(target.version)
+            if target is not None and (failure := (await target.load([member.client]))[0]) is not None:
+                raise failure if isinstance(failure, EngineError) else EngineError(str(failure))
             if self._paused is not None:
                 await member.client.pause(self._paused)
-            member.state, member.failures = MemberState.UP, 0
-            logger.info("SGLang server %s is back (weight version %s)", member.url, target.version)
+            member.state, member.failures, member.unhealthy_since = MemberState.UP, 0, None
+            member.last_progress, member.cpu_s = time.monotonic(), None
+            logger.info("SGLang server %s is back (weight version %s)", member.url,
+                        target.version if target is not None else "as started")
         await self._notify()
 
     async def _rejoin_logged(self, member: _Member) -> None:

@@ -30,7 +30,7 @@ from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import ConfigError, closest
 from agentrl.launcher.trackers import TrackioSection, WandbSection
 from agentrl.overrides import merge, parse_overrides, read_mapping
-from agentrl.trainer.config import TrainerSettings
+from agentrl.trainer.config import TrainerSettings, WeightSyncSettings
 
 __all__ = ["RunConfig", "config_keys", "describe_errors", "load_config", "parse_overrides", "save_config"]
 
@@ -225,6 +225,7 @@ class RunConfig(_Section):
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)  # with the top-level model: TrainerConfig
+    weight_sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings)
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
     monitor: MonitorSection = Field(default_factory=MonitorSection)
 

@@ -18,6 +18,7 @@ from agentrl.async_rollout import EpisodeRunner, RolloutScheduler, SkipSolved
 from agentrl.async_rollout.agent_episode import AgentRunner
 from agentrl.engine import EnginePool, SGLangServer, pool_configs
 from agentrl.engine.recording import RecordingEngine
+from agentrl.engine.weight_sync import Broadcast
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources, load_imports
 from agentrl.env.tool_parsers import BUILTIN
@@ -27,7 +28,8 @@ from agentrl.launcher.heldout import heldout_eval
 from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
 from agentrl.launcher.resources import heldout_tasks, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
-from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
+from agentrl.queue import TrajectoryQueue, WeightRegistry, WeightVersion, connect_redis
+from agentrl.queue.weight_sync import SyncChannel
 from agentrl.tokenizer import ChatTokenizer
 from agentrl.types import Trajectory
 
@@ -102,6 +104,7 @@ class RolloutWorker:
         stack.push_async_callback(self.queue.aclose)
         self.registry = WeightRegistry(handle.client, registry_namespace(cfg.name))
         stack.push_async_callback(self.registry.aclose)
+        self.channel = SyncChannel(handle.client, registry_namespace(cfg.name))  # weight_sync: distributed
         self.resources = await make_env_resources(cfg, stack)
         if agent:  # agent episodes talk to the engine through the gateway, served here once for all of them
             self.gateway = LocalGateway(self.engine, self.tok, GatewayConfig(
@@ -140,13 +143,28 @@ class RolloutWorker:
 
     async def load_version(self, version: int, timeout_s: float = 3600.0) -> int:
         """Wait for ``version`` in the registry and load it into the engine (no-op if it is the base model)."""
+        return await self.load_weights(await self.registry.wait_for(version, timeout_s=timeout_s))
+
+    async def load_weights(self, wv: WeightVersion) -> int:
+        """Bring the servers to the published version ``wv`` by its transport; returns the version they serve."""
         assert self.client is not None
-        wv = await self.registry.wait_for(version, timeout_s=timeout_s)
-        if Path(wv.path).resolve() == resolve_model(self.cfg.model).resolve():
+        if wv.transport == "base" or (wv.transport == "disk"
+                                      and Path(wv.path).resolve() == resolve_model(self.cfg.model).resolve()):
             await self.client.set_weight_version(wv.version)
-        else:
-            await self.client.update_weights(wv.path, wv.version)
-        return int(wv.version)
+            return wv.version
+        if wv.transport == "distributed":
+            ws, channel, version = self.cfg.weight_sync, self.channel, wv.version
+            # the trainer's weight server answers at once unless it is sending another broadcast (≤ timeout_s)
+            ask_s = 2 * ws.timeout_s + 30.0
+
+            async def export() -> tuple[str, int]:
+                return await channel.export(version, timeout_s=ask_s)
+
+            return await self.client.load_weights(Broadcast(
+                version, lambda n: channel.offer(version, world_size=n, timeout_s=ask_s),
+                export=export if ws.fallback == "disk" else None, attempts=ws.attempts))
+        await self.client.update_weights(wv.path, wv.version)
+        return wv.version
 
     async def evaluate_heldout(self, label: str) -> dict[str, Any]:
         """Greedy held-out evaluation on the engine's current weights; records go to ``eval_<label>.jsonl``."""
@@ -171,6 +189,7 @@ class RolloutWorker:
             initial_version=await self.client.weight_version(),
             on_group=RolloutLog(self.run_dir / "rollouts.jsonl", self.cfg.log_rollouts)
             if self.cfg.log_rollouts != "none" else None,
+            load_weights=self.load_weights,
         )
         stats = await self.scheduler.run(total_groups=total_groups, final_version=final_version)
         return {"trajectories_produced": stats.trajectories_queued, "groups_queued": stats.groups_queued,

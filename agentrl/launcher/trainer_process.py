@@ -25,6 +25,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+
+import torch
 
 from agentrl.data.sft import read_traces
 from agentrl.launcher.config import RunConfig, load_config
@@ -32,8 +35,10 @@ from agentrl.launcher.protocol import queue_capacity, read_groups, registry_name
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.queue.base import QueueEntry
+from agentrl.queue.weight_sync import SyncChannel
 from agentrl.trainer import Trace, Trainer, broadcast_object, latest_checkpoint
 from agentrl.trainer.storage import intact_hf_folder, prune_checkpoints
+from agentrl.trainer.weight_sync import WeightSender, WeightServer, address_toward
 from agentrl.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -73,10 +78,64 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
 class _Rank0:
     """What only rank 0 does: Redis (queue reads, acks, registry), metrics files."""
 
-    def __init__(self, cfg: RunConfig, queue: TrajectoryQueue, registry: WeightRegistry) -> None:
-        self.cfg, self.queue, self.registry = cfg, queue, registry
+    def __init__(self, cfg: RunConfig, queue: TrajectoryQueue, registry: WeightRegistry, redis_url: str) -> None:
+        self.cfg, self.queue, self.registry, self.redis_url = cfg, queue, registry, redis_url
         self.carry: dict[str, list[QueueEntry]] = {}
         self.unacked: list[str] = []  # entries trained on since the last checkpoint
+
+
+_ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                  "half": torch.float16}
+
+
+class WeightShare:
+    """How this run's weight versions reach the servers (``weight_sync.mode``). :meth:`share` is collective.
+
+    disk: each version is exported to ``weights/v<N>``. distributed: rank 0 keeps the newest version in memory
+    (cast to the engine's dtype: the servers cast it so anyway) and a :class:`WeightServer` thread broadcasts it
+    whenever the rollout side asks (a new version, or a restarted server); nothing is written unless the rollout
+    side falls back to disk."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None) -> None:
+        self.trainer = trainer
+        ws = cfg.weight_sync
+        self.distributed = ws.mode == "distributed"
+        self.dtype = _ENGINE_DTYPES.get(cfg.engine.server.dtype)
+        self.server: WeightServer | None = None
+        if self.distributed and r0 is not None:
+            device = trainer.device
+            backend = ws.backend if ws.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+            address = ws.address or address_toward(urlparse(r0.redis_url).hostname or "127.0.0.1")
+            sender = WeightSender(address=address, backend=backend, bucket_bytes=int(ws.bucket_mb * 2**20),
+                                  timeout_s=ws.timeout_s, device=device if backend == "nccl" else None)
+            url, namespace = r0.redis_url, registry_namespace(cfg.name)
+
+            async def connect() -> SyncChannel:
+                return SyncChannel.connect(url, namespace)
+
+            self.server = WeightServer(sender, connect, export_dir=run_dir / "weights",
+                                       write=lambda sd, path: trainer.write_hf(dict(sd), path)).start()
+            logger.info("weight sync: distributed (%s), servers connect to %s", backend, address)
+
+    @property
+    def transport(self) -> str:
+        return "distributed" if self.distributed else "disk"
+
+    def share(self, version: int, target: Path) -> None:
+        """Make ``version`` (the trainer's current weights) available: written to ``target``, or held for
+        broadcasts. Every rank calls it."""
+        if not self.distributed:
+            self.trainer.export_hf(target, durable=False)  # a cache for SGLang: a resume re-exports it
+            return
+        sd = self.trainer.full_state_dict()
+        if self.server is not None:
+            if self.dtype is not None:
+                sd = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in sd.items()}
+            self.server.sender.set_weights(version, sd)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
 
 
 async def train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: int = 0) -> None:
@@ -89,30 +148,43 @@ async def train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: i
         handle = await connect_redis(redis_url, run_dir / "redis")
         queue = TrajectoryQueue(handle.client, stream_name(cfg.name), consumer="trainer-0",
                                 capacity=queue_capacity(cfg))
-        r0 = _Rank0(cfg, queue, WeightRegistry(handle.client, registry_namespace(cfg.name)))
+        r0 = _Rank0(cfg, queue, WeightRegistry(handle.client, registry_namespace(cfg.name)), handle.url)
     try:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         need_v0 = ckpt is None and (r0 is None or await r0.registry.latest() is None)
-        if broadcast_object(need_v0 if r0 is not None else None):
-            sft = cfg.sft.enabled and cfg.sft.steps > 0
+        publish_v0 = broadcast_object(need_v0 if r0 is not None else None)
+        sft = cfg.sft.enabled and cfg.sft.steps > 0
+        if publish_v0:
             v0_path = run_sft(cfg, run_dir, base_model) if sft else base_model
-            if r0 is not None:
-                await r0.registry.publish(0, str(v0_path), step=0, metrics={})
-                logger.info("published v0: %s", v0_path)
+            if r0 is not None and not sft:
+                await r0.registry.publish(0, str(v0_path), step=0, metrics={}, transport="base")
+                logger.info("published v0: the base model %s", v0_path)
         policy = run_dir / "weights" / "v0" if (run_dir / "weights" / "v0" / "config.json").exists() else base_model
         with Trainer(cfg.trainer.for_model(str(policy))) as trainer:
-            if ckpt is not None:
-                extra = trainer.load_checkpoint(ckpt)
-                current = run_dir / "weights" / f"v{trainer.weight_version}"
-                if trainer.weight_version > 0 and not broadcast_object(intact_hf_folder(current) if r0 else None):
-                    trainer.export_hf(current)  # published versions are not fsynced: a crash may have cut it
-                if r0 is not None:
-                    await r0.queue.ack(extra.get("entry_ids", []))  # idempotent: finishes an interrupted ack
-                    await _republish(r0, run_dir, trainer.weight_version, trainer.step)
-                    _truncate_metrics(run_dir, trainer.step)
-                logger.info("resumed from %s at step %d, version %d", ckpt, trainer.step, trainer.weight_version)
-            while trainer.weight_version < cfg.steps:
-                await rl_step(cfg, run_dir, trainer, r0)
+            weights = WeightShare(cfg, run_dir, trainer, r0)
+            try:
+                if ckpt is not None:
+                    extra = trainer.load_checkpoint(ckpt)
+                    current = run_dir / "weights" / f"v{trainer.weight_version}"
+                    if weights.distributed:
+                        weights.share(trainer.weight_version, current)
+                    elif trainer.weight_version > 0 and not broadcast_object(intact_hf_folder(current) if r0 else None):
+                        trainer.export_hf(current)  # published versions are not fsynced: a crash may have cut it
+                    if r0 is not None:
+                        await r0.queue.ack(extra.get("entry_ids", []))  # idempotent: finishes an interrupted ack
+                        await _republish(r0, run_dir, trainer.weight_version, trainer.step, weights.transport)
+                        _truncate_metrics(run_dir, trainer.step)
+                    logger.info("resumed from %s at step %d, version %d", ckpt, trainer.step, trainer.weight_version)
+                elif weights.distributed:  # v0 (or the version the registry has) is served from memory too
+                    weights.share(trainer.weight_version, run_dir / "weights" / "v0")
+                if publish_v0 and sft and r0 is not None:  # after the share: a broadcast of v0 can be served now
+                    await r0.registry.publish(0, str(run_dir / "weights" / "v0"), step=0, metrics={},
+                                              transport=weights.transport)
+                    logger.info("published v0 (%s)", weights.transport)
+                while trainer.weight_version < cfg.steps:
+                    await rl_step(cfg, run_dir, trainer, r0, weights)
+            finally:
+                weights.close()
     finally:
         if r0 is not None:
             await r0.queue.aclose()
@@ -142,14 +214,15 @@ def prune_weight_versions(cfg: RunConfig, run_dir: Path, latest: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-async def _republish(r0: _Rank0, run_dir: Path, version: int, step: int) -> None:
+async def _republish(r0: _Rank0, run_dir: Path, version: int, step: int, transport: str) -> None:
     """After a restart the checkpointed version may not have reached the registry (crash before publish)."""
     latest = await r0.registry.latest()
     if version > 0 and (latest is None or latest.version < version):
-        await r0.registry.publish(version, str(run_dir / "weights" / f"v{version}"), step=step, metrics={})
+        await r0.registry.publish(version, str(run_dir / "weights" / f"v{version}"), step=step, metrics={},
+                                  transport=transport)
 
 
-async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None) -> None:
+async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None, weights: WeightShare) -> None:
     t0 = time.monotonic()
     entries: list[QueueEntry] = []
     if r0 is not None:
@@ -161,7 +234,7 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
     m = trainer.rl_step(batch, current_version=trainer.weight_version)
     new_version = trainer.weight_version
     target = run_dir / "weights" / f"v{new_version}"
-    trainer.export_hf(target, durable=False)  # a cache for SGLang: a resume re-exports it from the checkpoint
+    weights.share(new_version, target)
     if r0 is not None:
         r0.unacked += [e.entry_id for e in entries]
     if new_version % cfg.checkpoint_every == 0 or new_version == cfg.steps:
@@ -176,7 +249,7 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
     record = {**m.as_dict(), "step": trainer.step, "weight_version": new_version, "wait_s": wait_s,
               "time_s": time.monotonic() - t0, "wall_time": time.time()}
     await r0.registry.publish(new_version, str(target), step=trainer.step,
-                              metrics={"reward_mean": m.reward_mean, "loss": m.loss})
+                              metrics={"reward_mean": m.reward_mean, "loss": m.loss}, transport=weights.transport)
     append_metrics(run_dir, record)
     prune_weight_versions(cfg, run_dir, new_version)
     logger.info("step %d → v%d reward %.3f trajs %d tokens %d staleness %.2f (%.1fs, waited %.1fs)",

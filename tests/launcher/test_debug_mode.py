@@ -3,6 +3,7 @@ SGLang server, Redis, sandbox and FSDP2 trainer at world size 1)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from agentrl.engine.client import SGLangClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
@@ -45,3 +48,37 @@ def test_a_tiny_run_completes_in_one_process_without_ray(tmp_path: Path, shared_
     assert summary["final_weight_version"] == 1 and summary["trajectories_consumed"] == 4 and summary["books_balanced"]
     assert yaml.safe_load((run / "config.yaml").read_text())["resources"]["ray"] is False
     assert (run / "weights" / "v1" / "config.json").exists()
+
+
+def test_a_run_with_distributed_weight_sync_writes_no_weights_and_serves_every_version(tmp_path: Path,
+                                                                                      shared_server: str) -> None:
+    """weight_sync: distributed end to end (SFT's v0 and each RL version broadcast from the trainer's memory over a
+    gloo group with the real server): the run writes no weights/v<N> for RL versions and the server ends on the
+    last one."""
+    config = {
+        "name": "dist", "model": "tiny", "steps": 2, "runs_dir": str(tmp_path / "runs"),
+        "engine": {"url": shared_server}, "weight_sync": {"mode": "distributed", "timeout_s": 60, "bucket_mb": 2},
+        "sft": {"enabled": True, "steps": 1, "num_traces": 8, "batch_size": 4},
+        "rollout": {"n_samples": 2, "groups_per_step": 2, "max_new_tokens": 16, "max_turns": 2,
+                    "max_response_tokens": 48, "max_context_tokens": 192},
+        "trainer": {"micro_batch_tokens": 2048},
+        "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
+    }
+    path = tmp_path / "dist.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-c", NO_RAY, "train", str(path), "--debug"], capture_output=True,
+                          text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run = tmp_path / "runs" / "dist"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_weight_version"] == 2 and summary["books_balanced"]
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0"]  # SFT's output only: RL versions stayed in memory
+    log = proc.stderr
+    for v in (0, 1, 2):
+        assert f"weights v{v} broadcast to 1 server(s)" in log, log[-3000:]
+
+    async def served() -> int:
+        async with SGLangClient(shared_server) as client:
+            return await client.weight_version()
+
+    assert asyncio.run(served()) == 2
