@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # fixture name -> the marker of the server it starts (the fixtures are defined here and in the packages' conftests)
 NEEDS = {
-    "sglang_url": "sglang",
+    "sglang_url": "sglang", "sglang_server": "sglang",
     "redis_url": "redis", "redis_server": "redis", "redis_client": "redis",
     "embedded_server": "redis", "system_redis_url": "redis",
 }
@@ -48,8 +49,9 @@ def chat_tokenizer(tiny_model_path: Path):
 
 
 @pytest.fixture(scope="session")
-def sglang_url(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of a real SGLang server on CPU serving the ``tiny`` model (shared by the whole session)."""
+def sglang_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real SGLang server on CPU serving the ``tiny`` model (shared by the whole session; a test that stops or
+    signals it must leave it serving)."""
     from agentrl.engine.server import SGLangServer, SGLangServerConfig
 
     log = tmp_path_factory.mktemp("sglang") / "sglang.log"
@@ -57,6 +59,12 @@ def sglang_url(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
                                                  dtype="float32"), log_path=log)
     server.start()
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang_url(sglang_server: Any) -> str:
+    """URL of the session's SGLang server."""
+    return str(sglang_server.url)

@@ -202,6 +202,11 @@ class SGLangServer:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) used so far by the server's processes (its process group: HTTP server,
+        scheduler, detokenizer); None where /proc cannot tell. A server whose CPU time grows is working."""
+        return None if self._proc is None else group_cpu_seconds(self._proc.pid)
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
         proc, self._proc = self._proc, None
@@ -236,6 +241,28 @@ class SGLangServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def group_cpu_seconds(pgid: int) -> float | None:
+    """Sum of utime + stime of the live processes in process group ``pgid`` (Linux /proc), or None."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, seen = 0, False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:
+            continue  # the process ended meanwhile
+        if int(fields[2]) == pgid:  # fields: state ppid pgrp ... utime(11) stime(12)
+            total += int(fields[11]) + int(fields[12])
+            seen = True
+    return total / tick if seen else None
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

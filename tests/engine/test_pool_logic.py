@@ -15,6 +15,7 @@ from agentrl.engine.pool import EnginePool, MemberState, PoolConfig
 from agentrl.errors import EngineError
 
 FAST = PoolConfig(health_interval_s=0.02, health_timeout_s=0.1, failures_to_down=2, wait_for_server_s=5.0,
+                  hung_after_s=0.1,
                   restart_backoff_s=0.01)
 
 
@@ -27,8 +28,13 @@ class FakeServer:
     restart_s: float = 0.2  # runs in a worker thread, as SGLangServer.restart does
     clients: dict = field(default_factory=dict)
 
+    cpu: float | None = None  # CPU time of its processes (None: unknown); a test advances it to look busy
+
     def alive(self) -> bool:
         return self.up
+
+    def cpu_seconds(self) -> float | None:
+        return self.cpu
 
     def restart(self) -> None:
         time.sleep(self.restart_s)
@@ -101,6 +107,9 @@ class FakeClient:
 
     async def health(self, timeout_s=None) -> bool:
         return self.healthy and self._alive()
+
+    async def probe(self, timeout_s=None) -> str:
+        return "unreachable" if not self._alive() else "ok" if self.healthy else "unresponsive"
 
     async def aclose(self) -> None: ...
 
@@ -253,3 +262,51 @@ async def test_unmanaged_server_comes_back_when_it_answers_and_is_resynced():
     await wait_until(lambda: pool.stats()[0].state == "up")
     assert clients["http://s0"].version == 4
     await pool.aclose()
+
+
+async def _until(cond, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_server_that_stops_answering_health_but_keeps_computing_is_slow_not_dead() -> None:
+    config = PoolConfig(health_interval_s=0.02, health_timeout_s=0.1, failures_to_down=2, hung_after_s=0.4,
+                        max_unhealthy_s=60.0, restart_backoff_s=0.01)
+    pool, servers, clients = make_pool(1, config=config)
+    server, client = servers["http://s0"], clients["http://s0"]
+    server.cpu = 0.0
+    async with pool:
+        client.healthy = False  # a starved machine: SGLang answers 503 while it still decodes
+        for _ in range(60):  # 1.2 s, three times hung_after_s, with its CPU time growing
+            server.cpu += 0.1
+            await asyncio.sleep(0.02)
+        assert pool.stats()[0].state == MemberState.UP.value and server.restarts == 0
+        t0 = time.monotonic()  # now it stops computing too: hung
+        await _until(lambda: server.restarts == 1)
+        assert server.restarts == 1 and time.monotonic() - t0 >= 0.3
+
+
+async def test_a_server_busy_for_longer_than_max_unhealthy_is_taken_out_anyway() -> None:
+    config = PoolConfig(health_interval_s=0.02, health_timeout_s=0.1, failures_to_down=2, hung_after_s=60.0,
+                        max_unhealthy_s=0.3, restart_backoff_s=0.01)
+    pool, servers, clients = make_pool(1, config=config)
+    server, client = servers["http://s0"], clients["http://s0"]
+    server.cpu = 0.0
+    async with pool:
+        client.healthy = False
+        t0 = time.monotonic()
+        while server.restarts == 0 and time.monotonic() - t0 < 5:
+            server.cpu += 0.1
+            await asyncio.sleep(0.02)
+        assert server.restarts == 1 and time.monotonic() - t0 >= 0.25
+
+
+async def test_a_server_nobody_listens_on_is_taken_out_without_waiting_for_the_hung_deadline() -> None:
+    config = PoolConfig(health_interval_s=0.02, health_timeout_s=0.1, failures_to_down=2, hung_after_s=60.0,
+                        restart_backoff_s=0.01)
+    pool, servers, clients = make_pool(2, managed=False, config=config)
+    async with pool:
+        pool._members[0].client.server = FakeServer("http://s0", up=False)  # connection refused from now on
+        await _until(lambda: pool.stats()[0].state == MemberState.DOWN.value, 2.0)
+        assert pool.stats()[0].state == MemberState.DOWN.value and pool.stats()[1].state == MemberState.UP.value

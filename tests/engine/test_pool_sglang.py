@@ -5,7 +5,10 @@ rollout goes on."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from agentrl.engine import (
     SGLangServer,
     SGLangServerConfig,
 )
+from agentrl.errors import EngineError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "async_rollout"))
 from rollout_support import FifoTrainer, LetterTurnsEnv, SimRegistry, task_stream
@@ -124,3 +128,51 @@ class _Weights:
     async def wait_for(self, min_version: int, *, timeout_s: float):
         got = await self.registry.wait_for(min_version, timeout_s=timeout_s)
         return type(got)(got.version, self.path)
+
+
+class _Watched:
+    """The session's server as a pool member the pool may restart: a restart is recorded, never done."""
+
+    def __init__(self, server) -> None:
+        self.server, self.restarts = server, 0
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def alive(self) -> bool:
+        return self.server.alive()
+
+    def cpu_seconds(self):
+        return self.server.cpu_seconds()
+
+    def restart(self) -> None:
+        self.restarts += 1
+        raise EngineError("the test does not restart the shared server")
+
+    def stop(self, timeout_s: float = 0) -> None: ...
+
+
+async def test_a_starved_server_is_slow_not_dead_and_is_not_restarted(sglang_server) -> None:
+    """SIGSTOP the real server's processes (a machine so busy that nothing of it runs) for longer than it takes
+    /health to fail twice, but less than hung_after_s: the pool waits instead of restarting it."""
+    watched = _Watched(sglang_server)
+    config = PoolConfig(health_interval_s=0.5, health_timeout_s=1.0, failures_to_down=2, hung_after_s=15.0,
+                        max_restarts=1)
+    pool = EnginePool([watched], config=config)
+    async with pool:
+        client = SGLangClient(sglang_server.url)
+        os.killpg(sglang_server.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(1.0)
+            assert await client.probe(1.0) == "unresponsive"
+            await asyncio.sleep(5.0)  # /health failed about ten times by now
+        finally:
+            os.killpg(sglang_server.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while not await client.health(2.0) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await client.aclose()
+        assert watched.restarts == 0 and pool.stats()[0].state == "up"
+        out = await pool.generate([1, 2, 3], SamplingParams(max_new_tokens=2, ignore_eos=True))
+        assert len(out.output_ids) == 2
