@@ -1,29 +1,44 @@
-"""Weight publish + SGLang reload: agentrl's path vs the raw floor.
+"""Weight publish + SGLang reload: agentrl's two transports vs the raw floor, on one real SGLang server (CPU).
 
-raw:     safetensors ``save_file`` of the full state dict (+ config) into a folder, then SGLang
-         ``/update_weights_from_disk``.
-agentrl: ``Trainer.export_hf(durable=False)`` as the trainer worker publishes (FSDP2 full state dict gathered to
-         rank 0, atomic HF folder with tokenizer, no fsync: the checkpoint is the durable copy) +
-         ``WeightRegistry.publish`` (Redis) + the rollout side's reload (pause → ``/update_weights_from_disk`` →
-         continue), as the scheduler does it.
-Both against the same SGLang server (CPU), the same model, alternating rounds; figures are medians.
-Last line: ``publish_reload_vs_raw=… agentrl_s=… raw_s=…`` (target ≤ 1.5).
+raw:          the FSDP2 full state dict gathered to rank 0, safetensors ``save_file`` into a folder (+ config), then
+              SGLang ``/update_weights_from_disk``.
+disk:         ``weight_sync: disk`` as a run does it: ``Trainer.export_hf(durable=False)`` (atomic HF folder with
+              tokenizer, no fsync) + ``WeightRegistry.publish`` (Redis) + the rollout side's reload (pause →
+              ``/update_weights_from_disk`` → continue).
+distributed:  ``weight_sync: distributed`` as a run does it: the same gather, cast to the engine's dtype and held by
+              the trainer's weight server (a thread answering Redis requests) + publish; the rollout side asks for an
+              offer, the server joins a gloo group with the trainer and receives the buckets
+              (pause → begin → init group → buckets → end → continue). No file is written.
+
+Rounds alternate the three paths after an untimed warm-up of each; per-round ratios, their median and range.
+Last line: ``distributed_vs_disk=… publish_reload_vs_raw=… disk_s=… distributed_s=… raw_s=… model=… dtype=… cpu=…``
+(targets: distributed ≤ 1 — at least as fast as disk —, publish_reload_vs_raw ≤ 1.5).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import platform
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from agentrl.engine import SGLangClient, SGLangServer, SGLangServerConfig
+from agentrl.engine.weight_sync import Broadcast
+from agentrl.hardware import engine_dtype
 from agentrl.models import resolve_model
 from agentrl.queue import EmbeddedRedis, WeightRegistry, make_client
+from agentrl.queue.weight_sync import SyncChannel
 from agentrl.trainer import Trainer, TrainerConfig
+from agentrl.trainer.weight_sync import WeightSender, WeightServer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def raw_save(state: dict, source: Path, target: Path) -> None:
@@ -34,41 +49,81 @@ def raw_save(state: dict, source: Path, target: Path) -> None:
     shutil.copy2(source / "config.json", target / "config.json")
 
 
-async def bench(model: str, rounds: int) -> None:
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration, subprocess.SubprocessError):
+        return platform.processor() or "unknown"
+
+
+async def bench(model: str, rounds: int, bucket_mb: float) -> None:
     src = resolve_model(model)
     work = Path(tempfile.mkdtemp(prefix="wsync-"))
-    server = SGLangServer(SGLangServerConfig(model_path=str(src)), log_path=work / "sglang.log").start()
+    dtype = engine_dtype("auto", "cpu")
+    server = SGLangServer(SGLangServerConfig(model_path=str(src), dtype=dtype), log_path=work / "sglang.log").start()
     redis = EmbeddedRedis(work / "redis").start()
-    trainer = Trainer(TrainerConfig(model=str(src)))
+    trainer = Trainer(TrainerConfig(model=str(src), dtype="fp32"))
     rc = make_client(redis.url)
     registry = WeightRegistry(rc, "bench")
+    channel = SyncChannel(rc, "bench")
+    sender = WeightSender(address="127.0.0.1", bucket_bytes=int(bucket_mb * 2**20), timeout_s=120)
+
+    async def connect() -> SyncChannel:
+        return SyncChannel.connect(redis.url, "bench")
+
+    weight_server = WeightServer(sender, connect, export_dir=work / "exported",
+                                 write=lambda sd, p: trainer.write_hf(dict(sd), p)).start()
     client = SGLangClient(server.url)
-    from agentrl.trainer.storage import full_state_dict
+    cast = DTYPES.get(dtype)
+    times: dict[str, list[float]] = {"raw": [], "disk": [], "distributed": []}
+    version = 0
 
-    raw_t, ours_t = [], []
+    async def raw(i: int) -> None:
+        raw_save(trainer.full_state_dict(), src, work / f"raw{i}")
+        await client.update_weights(str(work / f"raw{i}"), version)
+
+    async def disk(i: int) -> None:
+        path = trainer.export_hf(work / f"v{version}", durable=False)
+        await registry.publish(version, str(path), step=version, metrics={})
+        wv = await registry.wait_for(version, timeout_s=60)
+        await client.pause("abort")
+        try:
+            await client.update_weights(wv.path, wv.version)
+        finally:
+            await client.resume()
+
+    async def distributed(i: int) -> None:
+        sd = trainer.full_state_dict()
+        sender.set_weights(version, {k: v.to(cast) if cast is not None and v.is_floating_point() else v
+                                     for k, v in sd.items()})
+        await registry.publish(version, str(work / f"d{version}"), step=version, metrics={}, transport="distributed")
+        wv = await registry.wait_for(version, timeout_s=60)
+        await client.pause("abort")
+        try:
+            source = Broadcast(wv.version, lambda n: channel.offer(wv.version, world_size=n, timeout_s=60))
+            [failure] = await source.load([client])
+            if failure is not None:
+                raise failure
+        finally:
+            await client.resume()
+        assert await client.weight_version() == version
+
+    paths = {"raw": raw, "disk": disk, "distributed": distributed}
     try:
-        version = 0
-        for i in range(rounds):
-            version += 1
-            t0 = time.perf_counter()
-            state = full_state_dict(trainer._policy)  # the same gather the export does
-            raw_save(state, src, work / f"raw{i}")
-            await client.update_weights(str(work / f"raw{i}"), version)
-            raw_t.append(time.perf_counter() - t0)
-
-            version += 1
-            t0 = time.perf_counter()
-            path = trainer.export_hf(work / f"v{version}", durable=False)
-            await registry.publish(version, str(path), step=version, metrics={})
-            wv = await registry.wait_for(version, timeout_s=60)
-            await client.pause("abort")
-            try:
-                await client.update_weights(wv.path, wv.version)
-            finally:
-                await client.resume()
-            ours_t.append(time.perf_counter() - t0)
-            print(f"round {i}: raw {raw_t[-1]:.3f}s  agentrl {ours_t[-1]:.3f}s", flush=True)
+        for i in range(-1, rounds):  # round -1: warm-up, not timed
+            for name, run in paths.items():
+                version += 1
+                t0 = time.perf_counter()
+                await run(i)
+                if i >= 0:
+                    times[name].append(time.perf_counter() - t0)
+                for old in work.glob(f"{'raw' if name == 'raw' else 'v'}*"):
+                    shutil.rmtree(old, ignore_errors=True)
+            if i >= 0:
+                print(f"round {i}: " + "  ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()), flush=True)
     finally:
+        weight_server.stop()
         await client.aclose()
         await registry.aclose()
         await rc.aclose()
@@ -76,19 +131,26 @@ async def bench(model: str, rounds: int) -> None:
         redis.stop()
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    raw_s, ours_s = statistics.median(raw_t), statistics.median(ours_t)
-    print(f"{'path':10s} {'median s':>9s} {'min s':>7s}")
-    print(f"{'raw':10s} {raw_s:9.3f} {min(raw_t):7.3f}")
-    print(f"{'agentrl':10s} {ours_s:9.3f} {min(ours_t):7.3f}")
-    print(f"publish_reload_vs_raw={ours_s / raw_s:.2f} agentrl_s={ours_s:.3f} raw_s={raw_s:.3f} model={model}")
+    ratio = [d / k for d, k in zip(times["distributed"], times["disk"])]
+    vs_raw = [k / r for k, r in zip(times["disk"], times["raw"])]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{'path':12s} {'median s':>9s} {'min s':>7s} {'max s':>7s}")
+    for k, v in times.items():
+        print(f"{k:12s} {med[k]:9.3f} {min(v):7.3f} {max(v):7.3f}")
+    print(f"distributed/disk per round: median {statistics.median(ratio):.2f} range {min(ratio):.2f}-{max(ratio):.2f}; "
+          f"disk/raw: median {statistics.median(vs_raw):.2f} range {min(vs_raw):.2f}-{max(vs_raw):.2f}")
+    print(f"distributed_vs_disk={statistics.median(ratio):.2f} publish_reload_vs_raw={statistics.median(vs_raw):.2f} "
+          f"disk_s={med['disk']:.3f} distributed_s={med['distributed']:.3f} raw_s={med['raw']:.3f} model={model} "
+          f"dtype={dtype} bucket_mb={bucket_mb:g} rounds={rounds} cpu={cpu_name().replace(' ', '_')}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--bucket-mb", type=float, default=512.0)
     args = ap.parse_args()
-    asyncio.run(bench(args.model, args.rounds))
+    asyncio.run(bench(args.model, args.rounds, args.bucket_mb))
 
 
 if __name__ == "__main__":
