@@ -25,12 +25,10 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, Self
 
 from agentrl.engine.base import EngineTimeout, EngineUnavailable, GenerateResult, PauseMode, SamplingParams
 from agentrl.engine.client import SGLangClient
-from agentrl.engine.server import SGLangServer, SGLangServerConfig
 from agentrl.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -123,22 +121,6 @@ class EnginePool:
         self._closing = False
         self._health: asyncio.Task[None] | None = None
         self._on_restart = on_restart
-
-    @classmethod
-    async def launch(cls, configs: Sequence[SGLangServerConfig], *, log_dir: Path | None = None,
-                     config: PoolConfig = PoolConfig()) -> EnginePool:
-        """Start one server per config (concurrently), then the pool and its health loop."""
-        servers = [SGLangServer(c, name=f"sglang-{i}", log_path=log_dir / f"sglang-{i}.log" if log_dir else None)
-                   for i, c in enumerate(configs)]
-        started = await asyncio.gather(*(asyncio.to_thread(s.start) for s in servers), return_exceptions=True)
-        errors = [e for e in started if isinstance(e, BaseException)]
-        if errors:
-            for s in servers:
-                s.stop()
-            raise errors[0]
-        pool = cls(servers, config=config)
-        pool.start()
-        return pool
 
     def start(self) -> Self:
         """Start the health loop (idempotent)."""
