@@ -30,6 +30,7 @@ from typing import Any, Protocol, Self
 from agentrl.engine.base import EngineTimeout, EngineUnavailable, GenerateResult, PauseMode, SamplingParams
 from agentrl.engine.client import SGLangClient
 from agentrl.errors import EngineError
+from agentrl.retry import Retry
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +295,8 @@ class EnginePool:
                 return
             except EngineError as exc:
                 logger.error("restart of %s failed: %s", member.url, exc)
-                await asyncio.sleep(min(60.0, self.config.restart_backoff_s * 2 ** (member.restarts - 1)))
+                backoff = Retry(base_delay_s=self.config.restart_backoff_s, max_delay_s=60.0)  # no jitter
+                await asyncio.sleep(backoff.delay_s(member.restarts))
         member.state = MemberState.FAILED
         logger.error("SGLang server %s stays out: %d restarts failed", member.url, member.restarts)
         await self._notify()
