@@ -7,8 +7,9 @@ import yaml
 from agentrl.async_rollout import EpisodeBudget, RolloutConfig
 from agentrl.engine import SamplingParams, SGLangServerConfig
 from agentrl.errors import ConfigError
+from agentrl.gateway import GatewayConfig
 from agentrl.launcher import recipes
-from agentrl.launcher.config import EngineSection, load_config, save_config
+from agentrl.launcher.config import EngineSection, GatewaySection, RolloutSection, load_config, save_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,6 +89,36 @@ def _other(name: str, default: object) -> object:
         return default + 1
     assert isinstance(default, float), f"pick a value for {name} in OTHER"
     return default / 2
+
+
+def _yaml(value: object) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+
+
+def _field_defaults(owner: type) -> dict[str, object]:
+    defaults = owner()
+    names = list(owner.model_fields) if hasattr(owner, "model_fields") else [f.name for f in dataclasses.fields(owner)]
+    return {name: getattr(defaults, name) for name in names}
+
+
+@pytest.mark.parametrize("section", [RolloutSection, EngineSection, GatewaySection])
+def test_a_composed_sections_keys_have_one_owner_each(section):
+    """Flat keys route to the first part that has them: two parts (or a part and the section) sharing a name would
+    make one of them unreachable."""
+    keys = section.yaml_keys()
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+
+
+def test_every_gateway_setting_is_a_gateway_key_or_has_its_owner_in_the_run():
+    """The gateway's settings: `gateway:` keys, except the three the run takes from their owners (the model, the
+    agent environment's tool parser, the episode budget's resumes; see tests/launcher/test_rollout_process.py)."""
+    keys = GatewaySection.yaml_keys()
+    assert set(keys) | GatewaySection.HIDDEN == set(GatewayConfig.model_fields)
+    assert GatewaySection.HIDDEN == {"model_name", "tool_parser", "max_resumes"}
+    for name, default in _field_defaults(GatewayConfig).items():
+        if name in keys:
+            value = _other(name, default)
+            assert getattr(load_config(None, [f"gateway.{name}={_yaml(value)}"]).gateway.config, name) == value, name
 
 
 @pytest.mark.parametrize(("owner", "part"), [(RolloutConfig, "scheduler"), (SamplingParams, "sampling"),

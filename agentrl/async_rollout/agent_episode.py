@@ -46,9 +46,7 @@ class AgentRunner:
     def __init__(self, gateway: LocalGateway, tokenizer: ChatTokenizer, sampling: SamplingParams,
                  budget: EpisodeBudget = EpisodeBudget()) -> None:
         self.gateway, self.tok, self.budget = gateway, tokenizer, budget
-        self.limits = SessionLimits(max_turns=budget.max_turns, max_context_tokens=budget.max_context_tokens,
-                                    max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                    top_p=sampling.top_p)
+        self.limits = SessionLimits.for_episode(budget, sampling)
 
     async def episode(self, env: Any, task: Task, *, env_name: str = "", group_id: str = "") -> list[Trajectory]:
         """Run the agent once on ``task``; its branches as trajectories (see the module docstring). Raises what

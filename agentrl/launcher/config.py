@@ -28,6 +28,7 @@ from agentrl.async_rollout.config import EpisodeBudget, RolloutConfig
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import ConfigError, closest
+from agentrl.gateway.config import GatewayConfig
 from agentrl.launcher.trackers import TrackioSection, WandbSection
 from agentrl.overrides import merge, parse_overrides, read_mapping
 from agentrl.trainer.config import TrainerSettings
@@ -106,6 +107,18 @@ class EngineSection(_Composed):
     num_servers: int = Field(1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
     record_requests: bool = False  # debug: every generate call → runs/<name>/engine_requests.jsonl
     server: SGLangServerConfig = SGLangServerConfig()
+
+
+class GatewaySection(_Composed):
+    """The agent gateway of agent environments (:class:`agentrl.gateway.GatewayConfig`). Three of its settings
+    have other owners in a run: ``model_name`` is the run's ``model``, ``tool_parser`` the agent environment's
+    option (``env.options.tool_parser``), and each session continues aborted generations ``rollout.max_resumes``
+    times (its :class:`~agentrl.gateway.SessionLimits`, built from the episode budget and sampling)."""
+
+    PARTS = ("config",)
+    HIDDEN = frozenset({"model_name", "tool_parser", "max_resumes"})
+
+    config: GatewayConfig = GatewayConfig()
 
 
 class RedisSection(_Section):
@@ -223,6 +236,7 @@ class RunConfig(_Section):
     env: EnvSection = Field(default_factory=EnvSection)
     data: DataSection = Field(default_factory=DataSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
     sft: SFTSection = Field(default_factory=SFTSection)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)  # with the top-level model: TrainerConfig
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
