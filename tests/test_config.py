@@ -10,6 +10,7 @@ from agentrl.errors import ConfigError
 from agentrl.gateway import GatewayConfig
 from agentrl.launcher import recipes
 from agentrl.launcher.config import EngineSection, GatewaySection, RolloutSection, load_config, save_config
+from agentrl.sandbox import SandboxConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +78,8 @@ def test_misspelt_keys_get_the_closest_known_one():
 #: a valid value other than the default, where "default + 1" (ints), "not default" (bools) or "default / 2"
 #: (floats) would not do
 OTHER = {"update_mode": "drain", "pause_mode": "abort", "max_dropped_per_queued": 1.5, "seed": 7, "stop": ["</x>"],
-         "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"'}
+         "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"', "backend": "docker",
+         "url": "http://127.0.0.1:9", "options": {"pool_size": 2}}
 
 
 def _other(name: str, default: object) -> object:
@@ -119,6 +121,17 @@ def test_every_gateway_setting_is_a_gateway_key_or_has_its_owner_in_the_run():
         if name in keys:
             value = _other(name, default)
             assert getattr(load_config(None, [f"gateway.{name}={_yaml(value)}"]).gateway.config, name) == value, name
+
+
+@pytest.mark.parametrize(("section", "owner", "held"), [
+    ("sandbox", SandboxConfig, lambda cfg: cfg.sandbox),
+])
+def test_every_field_of_a_component_config_is_a_key_of_its_section(section, owner, held):
+    """Each field of the component's own model is a YAML key, and setting it reaches the object the component is
+    built from."""
+    for name, default in _field_defaults(owner).items():
+        value = _other(name, default)
+        assert getattr(held(load_config(None, [f"{section}.{name}={_yaml(value)}"])), name) == value, name
 
 
 @pytest.mark.parametrize(("owner", "part"), [(RolloutConfig, "scheduler"), (SamplingParams, "sampling"),

@@ -31,6 +31,7 @@ from agentrl.errors import ConfigError, closest
 from agentrl.gateway.config import GatewayConfig
 from agentrl.launcher.trackers import TrackioSection, WandbSection
 from agentrl.overrides import merge, parse_overrides, read_mapping
+from agentrl.sandbox.config import SandboxConfig
 from agentrl.trainer.config import TrainerSettings
 
 __all__ = ["RunConfig", "config_keys", "describe_errors", "load_config", "parse_overrides", "save_config"]
@@ -123,13 +124,6 @@ class GatewaySection(_Composed):
 
 class RedisSection(_Section):
     url: str | None = None  # external Redis; default: AGENTRL_REDIS_URL, else an embedded server in the run dir
-
-
-class SandboxSection(_Section):
-    backend: Literal["local", "docker", "remote"] = "local"
-    url: str | None = None  # for backend "remote"
-    max_concurrency: int = 8
-    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class EnvSection(_Section):
@@ -232,7 +226,7 @@ class RunConfig(_Section):
     log_rollouts: Literal["none", "summary", "full"] = "summary"  # runs/<name>/rollouts.jsonl
     engine: EngineSection = Field(default_factory=EngineSection)
     redis: RedisSection = Field(default_factory=RedisSection)
-    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     env: EnvSection = Field(default_factory=EnvSection)
     data: DataSection = Field(default_factory=DataSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
