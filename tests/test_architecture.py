@@ -170,7 +170,7 @@ TRAINER_NEVER = ("sglang", "agentrl.async_rollout", "agentrl.engine", "agentrl.e
                  "agentrl.mcp", "agentrl.api")
 TRAINER_SETTINGS = ("agentrl.async_rollout", "agentrl.async_rollout.config", "agentrl.engine", "agentrl.engine.base",
                     "agentrl.engine.server", "agentrl.gateway", "agentrl.gateway.config", "agentrl.sandbox",
-                    "agentrl.sandbox.config")
+                    "agentrl.sandbox.config", "agentrl.rewards", "agentrl.rewards.config")
 
 
 def _rollout_code(loaded: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ from agentrl.errors import ConfigError
 from agentrl.gateway import GatewayConfig
 from agentrl.launcher import recipes
 from agentrl.launcher.config import EngineSection, GatewaySection, RolloutSection, load_config, save_config
+from agentrl.rewards import RewardsConfig
 from agentrl.sandbox import SandboxConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +126,7 @@ def test_every_gateway_setting_is_a_gateway_key_or_has_its_owner_in_the_run():
 
 @pytest.mark.parametrize(("section", "owner", "held"), [
     ("sandbox", SandboxConfig, lambda cfg: cfg.sandbox),
+    ("rewards", RewardsConfig, lambda cfg: cfg.rewards),
 ])
 def test_every_field_of_a_component_config_is_a_key_of_its_section(section, owner, held):
     """Each field of the component's own model is a YAML key, and setting it reaches the object the component is

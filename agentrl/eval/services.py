@@ -22,7 +22,7 @@ from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
 from agentrl.eval.engines import Launcher, ModelServers, check_model, resolve_model_spec
 from agentrl.eval.runner import check_environment, run_eval
 from agentrl.eval.spec import MAX_SAMPLES, EvalSpec
-from agentrl.rewards import MathVerifier
+from agentrl.rewards.config import RewardsConfig
 from agentrl.sandbox.config import SandboxConfig
 from agentrl.types import Task
 
@@ -44,8 +44,9 @@ class EvalServices:
         self._stack = stack or AsyncExitStack()
 
     @classmethod
-    async def create(cls, *, sandbox: SandboxConfig | None = None, verifier_workers: int = 1, max_servers: int = 1,
-                     max_inflight: int = 64, max_episodes: int = 16, server_config: SGLangServerConfig | None = None,
+    async def create(cls, *, sandbox: SandboxConfig | None = None, rewards: RewardsConfig | None = None,
+                     max_servers: int = 1, max_inflight: int = 64, max_episodes: int = 16,
+                     server_config: SGLangServerConfig | None = None,
                      log_dir: Path | None = None, launcher: Launcher | None = None, runs_dir: Path = Path("runs"),
                      dataset_dirs: Sequence[Path] | None = None,
                      registry: Registry = default_registry) -> EvalServices:
@@ -54,7 +55,7 @@ class EvalServices:
         try:
             box = (sandbox or SandboxConfig()).build()
             stack.push_async_callback(box.aclose)
-            verifier = MathVerifier(workers=verifier_workers)
+            verifier = (rewards or RewardsConfig()).math_verifier()
             stack.push_async_callback(verifier.aclose)
             engines = ModelServers(max_servers=max_servers, max_inflight=max_inflight, server_config=server_config,
                                  log_dir=log_dir, launcher=launcher)

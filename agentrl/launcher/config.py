@@ -31,6 +31,7 @@ from agentrl.errors import ConfigError, closest
 from agentrl.gateway.config import GatewayConfig
 from agentrl.launcher.trackers import TrackioSection, WandbSection
 from agentrl.overrides import merge, parse_overrides, read_mapping
+from agentrl.rewards.config import RewardsConfig
 from agentrl.sandbox.config import SandboxConfig
 from agentrl.trainer.config import TrainerSettings
 
@@ -227,6 +228,7 @@ class RunConfig(_Section):
     engine: EngineSection = Field(default_factory=EngineSection)
     redis: RedisSection = Field(default_factory=RedisSection)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     env: EnvSection = Field(default_factory=EnvSection)
     data: DataSection = Field(default_factory=DataSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)

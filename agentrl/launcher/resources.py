@@ -16,7 +16,6 @@ from agentrl.data.sft import SFTDataStats, SFTTrace, check_sft_data, load_sft_tr
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError, closest
 from agentrl.launcher.config import RunConfig
-from agentrl.rewards import MathVerifier
 from agentrl.tokenizer import ChatTokenizer, tokenize_trace
 from agentrl.types import Task
 
@@ -135,7 +134,7 @@ async def make_env_resources(cfg: RunConfig, stack: AsyncExitStack) -> EnvResour
     """The sandbox and the reward workers, shared by every episode of this process; closed with ``stack``."""
     sandbox = cfg.sandbox.build()
     stack.push_async_callback(sandbox.aclose)
-    verifier = MathVerifier(workers=1)
+    verifier = cfg.rewards.math_verifier()
     await verifier.start()
     stack.push_async_callback(verifier.aclose)
     return EnvResources(sandbox=sandbox, verifier=verifier)
