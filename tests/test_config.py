@@ -80,7 +80,9 @@ def test_misspelt_keys_get_the_closest_known_one():
 #: (floats) would not do
 OTHER = {"update_mode": "drain", "pause_mode": "abort", "max_dropped_per_queued": 1.5, "seed": 7, "stop": ["</x>"],
          "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"', "backend": "docker",
-         "url": "http://127.0.0.1:9", "options": {"pool_size": 2}}
+         "url": "http://127.0.0.1:9", "options": {"pool_size": 2}, "host": "127.0.0.2", "device": "cuda",
+         "dtype": "float32", "context_length": 512, "base_gpu_id": 1, "mem_fraction_static": 0.5,
+         "python": "/usr/bin/python3", "extra_args": ["--x"], "env": {"A": "1"}, "log_level": "info"}
 
 
 def _other(name: str, default: object) -> object:
@@ -150,6 +152,10 @@ def test_every_rollout_knob_is_set_from_yaml(owner, part):
 
 
 def test_every_server_setting_is_an_engine_key():
-    keys = set(EngineSection.yaml_keys())
-    assert set(SGLangServerConfig.model_fields) - {"model_path"} <= keys  # model_path: the run's `model`
-    assert load_config(None, ["engine.mem_fraction_static=0.5"]).engine.server.mem_fraction_static == 0.5
+    """Every field of the servers' settings but model_path (the run's `model`) is an `engine:` key, and setting it
+    reaches the config the servers are started with."""
+    assert EngineSection.HIDDEN == {"model_path"}
+    for name, default in _field_defaults(SGLangServerConfig).items():
+        if name not in EngineSection.HIDDEN:
+            value = _other(name, default)
+            assert getattr(load_config(None, [f"engine.{name}={_yaml(value)}"]).engine.server, name) == value, name
