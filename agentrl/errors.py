@@ -9,7 +9,8 @@
     │   ├── EngineError            an inference server call failed (names the server and the call)
     │   │   ├── EngineUnavailable  engine.base: the server cannot be reached or dropped the connection
     │   │   ├── EngineTimeout      engine.base: a call did not finish within its deadline
-    │   │   └── _Busy              engine.client (private): a 502/503 the client's retry waits out
+    │   │   ├── _Busy              engine.client (private): a 502/503 the client's retry waits out
+    │   │   └── _Retryable         engine.openai_chat (private): a 429/5xx or dropped connection, retried
     │   ├── SandboxError           the sandbox could not run the program (not: the program failed)
     │   ├── RewardError            a reward could not be computed (its sandbox or checker failed): the sample
     │   │                          has no score; the episode raises it, the scheduler retries or drops the group
@@ -21,12 +22,19 @@
     │   │       └── VersionWaitTimeout (TimeoutError)  queue.weight_registry
     │   ├── McpServerError         mcp.base: an MCP server could not be started or reached, closed the
     │   │                          connection, answered a protocol error, or did not answer a call in time
+    │   ├── AgentError             env.agent: an agent made no chat request or did not return in its time limit
+    │   ├── ContinuityError        gateway.base: a session branch's tokens stopped being the engine's (a bug)
     │   ├── TrainerError           the trainer process failed
+    │   ├── WeightSyncError        weight_sync: a broadcast of weights to the servers failed (a peer did not join
+    │   │                          or receive in time, a server refused a bucket); retried, then disk
     │   └── TooManyErrors          eval.runner: an evaluation's samples kept failing in a row
     ├── SchemaError (ValueError)   types: a trajectory payload of an unknown wire schema
     ├── ApiError                   client: the eval REST service answered an error or could not be reached
     ├── TaskNotFound (LookupError) api.base: no evaluation task has this id
-    └── TaskLost                   api.base: this worker no longer owns the task
+    ├── TaskLost                   api.base: this worker no longer owns the task
+    ├── SessionNotFound (LookupError)  gateway.base: no live gateway session has this id (or API key)
+    │   └── _Unauthorized          gateway.app (private): the same, answered as 401 to a bad API key
+    └── SessionClosed              gateway.base: the session was finalized or aborted, it takes no more requests
 
 The model's own mistakes (malformed tool calls, code that raises, a wrong answer) are not exceptions: they become
 observations or rewards (``env.tools.ToolArgumentsError``, a ValueError outside the tree, becomes an observation, and

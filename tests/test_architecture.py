@@ -44,6 +44,16 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("agentrl.errors", ("agentrl.",)),
 ]
 
+#: the floor every package may stand on: these modules import nothing of agentrl but errors (and what is named here)
+FLOOR: dict[str, tuple[str, ...]] = {
+    "agentrl.errors": (), "agentrl.retry": (), "agentrl._http": (), "agentrl.retool_format": (),
+    "agentrl.tokenizer": (), "agentrl.models": (), "agentrl.overrides": (),
+    "agentrl.hardware": ("agentrl.models",),  # its measurement cache lives in models.cache_dir()
+}
+
+#: a module only these importers may reach (besides its own package): the launcher is the top, under the command line
+ONLY_FROM: dict[str, tuple[str, ...]] = {"agentrl.launcher": ("agentrl.cli",)}
+
 
 def _under(module: str, prefix: str) -> bool:
     return module == prefix.rstrip(".") or module.startswith(prefix.rstrip(".") + ".")
@@ -84,9 +94,20 @@ def test_the_import_walk_sees_every_kind_of_import() -> None:
     assert "agentrl.queue" in arrows["agentrl.launcher.protocol"]
 
 
+def _forbidden(src: str, dst: str) -> bool:
+    if any(_under(src, prefix) and any(_under(dst, f) for f in forbidden) for prefix, forbidden in FORBIDDEN):
+        return True
+    if src in FLOOR and dst != "agentrl.errors" and dst not in FLOOR[src]:
+        return True
+    return any(_under(dst, top) and not _under(src, top) and src not in importers for top, importers in ONLY_FROM.items())
+
+
+def _bad_arrows() -> list[str]:
+    return [f"{src} -> {dst}" for src, targets in _arrows().items() for dst in sorted(targets) if _forbidden(src, dst)]
+
+
 def test_no_forbidden_arrow() -> None:
-    bad = [f"{src} -> {dst}" for src, targets in _arrows().items() for prefix, forbidden in FORBIDDEN
-           if _under(src, prefix) for dst in sorted(targets) if any(_under(dst, f) for f in forbidden)]
+    bad = _bad_arrows()
     assert not bad, "imports that docs/ARCHITECTURE.md forbids:\n" + "\n".join(bad)
 
 
@@ -98,6 +119,26 @@ def test_a_forbidden_arrow_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     with pytest.raises(AssertionError, match="agentrl.trainer.sneaky -> agentrl.launcher.config"):
         test_no_forbidden_arrow()
+
+
+@pytest.mark.parametrize(("module", "source", "arrow"), [
+    # a floor module that reaches up to a package
+    ("retry.py", "from agentrl.engine.base import EngineError\n", "agentrl.retry -> agentrl.engine.base"),
+    ("tokenizer.py", "import agentrl.types\n", "agentrl.tokenizer -> agentrl.types"),
+    # the launcher imported by anything but the command line (here a module no FORBIDDEN rule names)
+    ("client.py", "def f():\n    from agentrl.launcher.config import RunConfig\n",
+     "agentrl.client -> agentrl.launcher.config"),
+])
+def test_the_floor_and_the_top_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str,
+                                           source: str, arrow: str) -> None:
+    fake = tmp_path / "agentrl"
+    fake.mkdir()
+    (fake / module).write_text(source)
+    # allowed: a floor module on errors, hardware on models, the command line on the launcher
+    (fake / "hardware.py").write_text("from agentrl.errors import ConfigError\nfrom agentrl.models import cache_dir\n")
+    (fake / "cli.py").write_text("from agentrl.launcher import driver\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _bad_arrows() == [arrow]
 
 
 def _loaded_by(module: str) -> list[str]:
@@ -118,10 +159,24 @@ def test_the_rollout_process_imports_no_torch_training_code() -> None:
 def test_the_trainer_process_imports_no_sglang_and_no_rollout_code() -> None:
     loaded = _loaded_by("agentrl.launcher.trainer_process")
     assert "agentrl.trainer.engine" in loaded
-    # the run's configuration holds the rollout side's settings: their modules import no rollout code
-    settings = ("agentrl.async_rollout", "agentrl.async_rollout.config", "agentrl.engine", "agentrl.engine.base",
-                "agentrl.engine.server")
-    rollout = [m for m in loaded if m not in settings and any(
-        _under(m, p) for p in ("sglang", "agentrl.async_rollout", "agentrl.engine", "agentrl.env", "agentrl.sandbox",
-                               "agentrl.rewards", "agentrl.launcher.rollout_process", "agentrl.eval"))]
+    rollout = _rollout_code(loaded)
     assert not rollout, f"the trainer process loads rollout code: {rollout}"
+
+
+#: what the trainer process never loads, but the rollout side's settings (the run's configuration holds them: their
+#: modules import no rollout code)
+TRAINER_NEVER = ("sglang", "agentrl.async_rollout", "agentrl.engine", "agentrl.env", "agentrl.sandbox",
+                 "agentrl.rewards", "agentrl.launcher.rollout_process", "agentrl.eval", "agentrl.gateway",
+                 "agentrl.mcp", "agentrl.api")
+TRAINER_SETTINGS = ("agentrl.async_rollout", "agentrl.async_rollout.config", "agentrl.engine", "agentrl.engine.base",
+                    "agentrl.engine.server", "agentrl.gateway", "agentrl.gateway.config", "agentrl.sandbox",
+                    "agentrl.sandbox.config", "agentrl.rewards", "agentrl.rewards.config")
+
+
+def _rollout_code(loaded: list[str]) -> list[str]:
+    return [m for m in loaded if m not in TRAINER_SETTINGS and any(_under(m, p) for p in TRAINER_NEVER)]
+
+
+def test_the_trainer_process_check_can_fail() -> None:
+    loaded = ["agentrl.engine.base", "agentrl.gateway.core", "agentrl.mcp", "agentrl.api.app", "agentrl.trainer"]
+    assert _rollout_code(loaded) == ["agentrl.gateway.core", "agentrl.mcp", "agentrl.api.app"]

@@ -7,8 +7,11 @@ import yaml
 from agentrl.async_rollout import EpisodeBudget, RolloutConfig
 from agentrl.engine import SamplingParams, SGLangServerConfig
 from agentrl.errors import ConfigError
+from agentrl.gateway import GatewayConfig
 from agentrl.launcher import recipes
-from agentrl.launcher.config import EngineSection, load_config, save_config
+from agentrl.launcher.config import EngineSection, GatewaySection, RolloutSection, load_config, save_config
+from agentrl.rewards import RewardsConfig
+from agentrl.sandbox import SandboxConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +79,10 @@ def test_misspelt_keys_get_the_closest_known_one():
 #: a valid value other than the default, where "default + 1" (ints), "not default" (bools) or "default / 2"
 #: (floats) would not do
 OTHER = {"update_mode": "drain", "pause_mode": "abort", "max_dropped_per_queued": 1.5, "seed": 7, "stop": ["</x>"],
-         "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"'}
+         "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"', "backend": "docker",
+         "url": "http://127.0.0.1:9", "options": {"pool_size": 2}, "host": "127.0.0.2", "device": "cuda",
+         "dtype": "float32", "context_length": 512, "base_gpu_id": 1, "mem_fraction_static": 0.5,
+         "python": "/usr/bin/python3", "extra_args": ["--x"], "env": {"A": "1"}, "log_level": "info"}
 
 
 def _other(name: str, default: object) -> object:
@@ -88,6 +94,48 @@ def _other(name: str, default: object) -> object:
         return default + 1
     assert isinstance(default, float), f"pick a value for {name} in OTHER"
     return default / 2
+
+
+def _yaml(value: object) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+
+
+def _field_defaults(owner: type) -> dict[str, object]:
+    defaults = owner()
+    names = list(owner.model_fields) if hasattr(owner, "model_fields") else [f.name for f in dataclasses.fields(owner)]
+    return {name: getattr(defaults, name) for name in names}
+
+
+@pytest.mark.parametrize("section", [RolloutSection, EngineSection, GatewaySection])
+def test_a_composed_sections_keys_have_one_owner_each(section):
+    """Flat keys route to the first part that has them: two parts (or a part and the section) sharing a name would
+    make one of them unreachable."""
+    keys = section.yaml_keys()
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+
+
+def test_every_gateway_setting_is_a_gateway_key_or_has_its_owner_in_the_run():
+    """The gateway's settings: `gateway:` keys, except the three the run takes from their owners (the model, the
+    agent environment's tool parser, the episode budget's resumes; see tests/launcher/test_rollout_process.py)."""
+    keys = GatewaySection.yaml_keys()
+    assert set(keys) | GatewaySection.HIDDEN == set(GatewayConfig.model_fields)
+    assert GatewaySection.HIDDEN == {"model_name", "tool_parser", "max_resumes"}
+    for name, default in _field_defaults(GatewayConfig).items():
+        if name in keys:
+            value = _other(name, default)
+            assert getattr(load_config(None, [f"gateway.{name}={_yaml(value)}"]).gateway.config, name) == value, name
+
+
+@pytest.mark.parametrize(("section", "owner", "held"), [
+    ("sandbox", SandboxConfig, lambda cfg: cfg.sandbox),
+    ("rewards", RewardsConfig, lambda cfg: cfg.rewards),
+])
+def test_every_field_of_a_component_config_is_a_key_of_its_section(section, owner, held):
+    """Each field of the component's own model is a YAML key, and setting it reaches the object the component is
+    built from."""
+    for name, default in _field_defaults(owner).items():
+        value = _other(name, default)
+        assert getattr(held(load_config(None, [f"{section}.{name}={_yaml(value)}"])), name) == value, name
 
 
 @pytest.mark.parametrize(("owner", "part"), [(RolloutConfig, "scheduler"), (SamplingParams, "sampling"),
@@ -104,6 +152,10 @@ def test_every_rollout_knob_is_set_from_yaml(owner, part):
 
 
 def test_every_server_setting_is_an_engine_key():
-    keys = set(EngineSection.yaml_keys())
-    assert set(SGLangServerConfig.model_fields) - {"model_path"} <= keys  # model_path: the run's `model`
-    assert load_config(None, ["engine.mem_fraction_static=0.5"]).engine.server.mem_fraction_static == 0.5
+    """Every field of the servers' settings but model_path (the run's `model`) is an `engine:` key, and setting it
+    reaches the config the servers are started with."""
+    assert EngineSection.HIDDEN == {"model_path"}
+    for name, default in _field_defaults(SGLangServerConfig).items():
+        if name not in EngineSection.HIDDEN:
+            value = _other(name, default)
+            assert getattr(load_config(None, [f"engine.{name}={_yaml(value)}"]).engine.server, name) == value, name

@@ -89,8 +89,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             svc = services
             if svc is None:
                 svc = await EvalServices.create(
-                    sandbox_backend=settings.sandbox_backend, sandbox_options=settings.sandbox_options,
-                    max_sandbox=settings.max_sandbox, verifier_workers=settings.verifier_workers,
+                    sandbox=settings.sandbox, rewards=settings.rewards,
                     max_servers=settings.max_servers, max_inflight=settings.max_inflight,
                     max_episodes=settings.max_episodes, server_config=settings.sglang,
                     log_dir=settings.data_dir / "logs", runs_dir=settings.runs_dir,

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import AgentRLError
+from agentrl.rewards.config import RewardsConfig
+from agentrl.sandbox.config import SandboxConfig
 
 TOKEN_ENV = "AGENTRL_API_TOKEN"
 
@@ -55,10 +57,8 @@ class ApiSettings(BaseModel):
     max_episodes: int = Field(default=16, ge=1, description="episodes running at once over all tasks")
     max_servers: int = Field(default=1, ge=1, description="SGLang servers the service starts at most")
     max_inflight: int = Field(default=64, ge=1, description="generate calls in flight per server")
-    sandbox_backend: str = "local"
-    sandbox_options: dict[str, Any] = Field(default_factory=dict)
-    max_sandbox: int = Field(default=8, ge=1, description="sandboxed programs running at once")
-    verifier_workers: int = Field(default=1, ge=1)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="the sandbox every evaluation shares")
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="the math checker pool evaluations share")
     lease_s: float = Field(default=30.0, gt=0, description="a task whose worker stops heartbeating is re-queued after this")
     max_attempts: int = Field(default=3, ge=1, description="a task interrupted this many times fails")
     poll_s: float = Field(default=0.5, gt=0, description="how often idle workers look for queued tasks")

@@ -50,8 +50,9 @@ def serve(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ApiSettings(token=token, redis_url=redis_url, data_dir=data_dir, max_tasks=max_tasks,
-                           max_episodes=max_episodes, max_servers=max_servers, sandbox_backend=sandbox,
-                           max_sandbox=max_sandbox, lease_s=lease_s, runs_dir=runs_dir,
+                           max_episodes=max_episodes, max_servers=max_servers,
+                           sandbox=_sandbox_config(sandbox, max_sandbox), lease_s=lease_s,
+                           runs_dir=runs_dir,
                            dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)),
                            namespace=namespace)
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
@@ -62,6 +63,19 @@ def serve(
     except AgentRLError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
+
+
+def _sandbox_config(backend: str, max_concurrency: int = 8) -> Any:
+    """``--sandbox`` / ``--max-sandbox`` as a :class:`agentrl.sandbox.SandboxConfig` (a bad value is a usage error)."""
+    from pydantic import ValidationError
+
+    from agentrl.sandbox.config import SandboxConfig
+
+    try:
+        return SandboxConfig(backend=backend, max_concurrency=max_concurrency)  # type: ignore[arg-type]  # checked
+    except ValidationError as exc:
+        raise typer.BadParameter(f"--sandbox {backend!r} / --max-sandbox {max_concurrency}: "
+                                 + "; ".join(e["msg"] for e in exc.errors())) from None
 
 
 def _import(imports: list[str] | None) -> None:
@@ -152,7 +166,7 @@ async def _local(spec: Any, records: IO[str] | None, sandbox: str, runs_dir: Pat
         sys.stderr.flush()
 
     try:
-        async with await EvalServices.create(sandbox_backend=sandbox, runs_dir=runs_dir,
+        async with await EvalServices.create(sandbox=_sandbox_config(sandbox), runs_dir=runs_dir,
                                              log_dir=runs_dir / "_eval" / "logs") as services:
             result = await services.evaluate(spec, on_record=write, keep_records=False)
     finally:

@@ -28,7 +28,7 @@ from typing import Any
 from agentrl.async_rollout.config import EpisodeBudget
 from agentrl.engine.base import SamplingParams
 from agentrl.env.agent import AgentEnv, AgentError, AgentOutcome, ClientConfig
-from agentrl.errors import AgentRLError, ConfigError, EngineError, RewardError
+from agentrl.errors import AgentRLError, ConfigError, EngineError
 from agentrl.gateway.base import SessionLimits, SessionNotFound
 from agentrl.gateway.local import LocalGateway
 from agentrl.gateway.session import Branch, Session
@@ -46,13 +46,11 @@ class AgentRunner:
     def __init__(self, gateway: LocalGateway, tokenizer: ChatTokenizer, sampling: SamplingParams,
                  budget: EpisodeBudget = EpisodeBudget()) -> None:
         self.gateway, self.tok, self.budget = gateway, tokenizer, budget
-        self.limits = SessionLimits(max_turns=budget.max_turns, max_context_tokens=budget.max_context_tokens,
-                                    max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                    top_p=sampling.top_p)
+        self.limits = SessionLimits.for_episode(budget, sampling)
 
     async def episode(self, env: Any, task: Task, *, env_name: str = "", group_id: str = "") -> list[Trajectory]:
         """Run the agent once on ``task``; its branches as trajectories (see the module docstring). Raises what
-        an infrastructure failure raises (:class:`AgentError`, engine errors, :class:`RewardError`)."""
+        an infrastructure failure raises (:class:`AgentError`, engine errors, :class:`~agentrl.errors.RewardError`)."""
         if not isinstance(env, AgentEnv):
             raise ConfigError(f"the agent runner runs agent environments (@agentrl.agent), got {type(env).__name__}")
         tid = Trajectory.new_id()
@@ -70,10 +68,7 @@ class AgentRunner:
         finish = _ENDS.get(session.exhausted or "") or _finish(last)
         text = _text(result) if result is not None else self._last_text(last)
         outcome = AgentOutcome(result, text, session.reward, dict(session.metrics), finish, error)
-        scored = await env.score(task, outcome)
-        if not scored.ok:
-            raise RewardError(f"the reward of agent episode {tid} (task {task.id!r}) could not be computed: "
-                              f"{scored.details.get('error', 'no reason given')}")
+        scored = (await env.score(task, outcome)).raise_for_status(f"agent episode {tid} (task {task.id!r})")
         breakdown = {k: float(v) for k, v in (scored.details.get("breakdown") or {}).items()}
         meta = {"answer": task.answer, "session": session.id, "branches": len(session.branches)}
         if error is not None:

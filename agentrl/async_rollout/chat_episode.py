@@ -33,7 +33,6 @@ from typing import Any
 from agentrl.async_rollout.config import EpisodeBudget
 from agentrl.engine.base import ChatEngine, ChatResult, EngineFinish, SamplingParams
 from agentrl.env.base import Environment, Observation
-from agentrl.errors import RewardError
 from agentrl.rewards.base import RewardInput
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult, Trajectory, Turn
 
@@ -93,7 +92,7 @@ class ChatEpisodeRunner:
     async def run(self, env: Environment, task: Task, *, env_name: str = "",
                   trajectory_id: str | None = None) -> ChatEpisode:
         """Run one episode and score it. Engine and sandbox failures raise as they come; a reward that could not
-        be computed raises :class:`RewardError`; a returned episode always has a real score."""
+        be computed raises :class:`~agentrl.errors.RewardError`; a returned episode always has a real score."""
         st = _State(messages=[dict(m) for m in await env.reset(task)])
         tid = trajectory_id or Trajectory.new_id()
         tools = env.tool_schemas()
@@ -101,10 +100,7 @@ class ChatEpisodeRunner:
         while state is not ChatState.DONE:
             state = await (self._generate(st, env, tools) if state is ChatState.GENERATE else self._act(st, env))
         reward_input = replace(RewardInput.from_turns(st.turns, st.finish), response_tokens=st.completion_tokens)
-        result = await env.score(reward_input)
-        if not result.ok:
-            raise RewardError(f"the reward of episode {tid} (task {task.id!r}) could not be computed: "
-                              f"{result.details.get('error', 'no reason given')}")
+        result = (await env.score(reward_input)).raise_for_status(f"episode {tid} (task {task.id!r})")
         breakdown = result.details.get("breakdown") or {env_name or env.name or "reward": result.score}
         return ChatEpisode(
             trajectory_id=tid, reward=result.score, reward_breakdown={k: float(v) for k, v in breakdown.items()},

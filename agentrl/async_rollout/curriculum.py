@@ -70,7 +70,3 @@ class SkipSolved(Iterator[Task]):
             if not self.mastered(self.key(task)) or self._rng.random() < self.keep:
                 return task
             self.skipped += 1
-
-    def pass_rates(self) -> dict[str, float]:
-        """Each key's pass rate over its recorded groups (for logs and reports)."""
-        return {k: sum(s for s, _ in h) / max(1, sum(n for _, n in h)) for k, h in self._history.items()}

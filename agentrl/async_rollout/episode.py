@@ -9,7 +9,7 @@ Invariants of the trajectory built here (see agentrl.types): ``token_ids`` is th
 token ids the engine returned and the observation tokens appended (never re-tokenised); ``loss_mask`` is 1 on
 engine tokens only; ``behavior_logprobs`` and ``weight_versions`` come from the engine, per token. A request the
 engine aborted (e.g. for a weight update) is continued from where it stopped, so one turn can span versions.
-Every trajectory carries a real score: a reward that could not be computed raises :class:`RewardError` instead.
+Every trajectory carries a real score: a reward that could not be computed raises :class:`~agentrl.errors.RewardError` instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from agentrl.async_rollout.config import EpisodeBudget
 from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
 from agentrl.env.base import Environment, Observation
-from agentrl.errors import RewardError
 from agentrl.rewards.base import RewardInput
 from agentrl.tokenizer import ChatTokenizer
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult, Trajectory, Turn
@@ -78,7 +77,7 @@ class EpisodeRunner:
                   trajectory_id: str | None = None) -> Trajectory:
         """Run one episode to the end and score it. Infrastructure failures raise (the caller retries or drops
         the sample): engine and sandbox errors as they come, a reward that could not be computed as
-        :class:`RewardError`. A returned trajectory always has a real score."""
+        :class:`~agentrl.errors.RewardError`. A returned trajectory always has a real score."""
         messages = await env.reset(task)
         st = _State(token_ids=self.tok.encode_prompt(messages, env.tool_schemas() or None), prompt_len=0)
         st.prompt_len = len(st.token_ids)
@@ -91,10 +90,8 @@ class EpisodeRunner:
             st.finish, state = FinishReason.LENGTH, AgentState.DONE
         while state is not AgentState.DONE:
             state = await (self._generate(st, env, key) if state is AgentState.GENERATE else self._act(st, env))
-        result = await env.score(RewardInput.from_turns(st.turns, st.finish))
-        if not result.ok:  # the one place a reward's INFRA_ERROR value becomes an exception
-            raise RewardError(f"the reward of episode {tid} (task {task.id!r}) could not be computed: "
-                              f"{result.details.get('error', 'no reason given')}")
+        result = (await env.score(RewardInput.from_turns(st.turns, st.finish))).raise_for_status(
+            f"episode {tid} (task {task.id!r})")
         breakdown = result.details.get("breakdown") or {env_name or env.name or "reward": result.score}
         return Trajectory(
             trajectory_id=tid, prompt_id=task.id, group_id=group_id or task.id,

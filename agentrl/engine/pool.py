@@ -27,14 +27,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, Self
 
 from agentrl.engine.base import EngineTimeout, EngineUnavailable, GenerateResult, PauseMode, SamplingParams
 from agentrl.engine.client import SGLangClient
-from agentrl.engine.server import SGLangServer, SGLangServerConfig
 from agentrl.engine.weight_sync import AsStarted, FromDisk, Outcome, WeightSource
 from agentrl.errors import EngineError
+from agentrl.retry import Retry
 
 logger = logging.getLogger(__name__)
 
@@ -129,22 +128,6 @@ class EnginePool:
         self._closing = False
         self._health: asyncio.Task[None] | None = None
         self._on_restart = on_restart
-
-    @classmethod
-    async def launch(cls, configs: Sequence[SGLangServerConfig], *, log_dir: Path | None = None,
-                     config: PoolConfig = PoolConfig()) -> EnginePool:
-        """Start one server per config (concurrently), then the pool and its health loop."""
-        servers = [SGLangServer(c, name=f"sglang-{i}", log_path=log_dir / f"sglang-{i}.log" if log_dir else None)
-                   for i, c in enumerate(configs)]
-        started = await asyncio.gather(*(asyncio.to_thread(s.start) for s in servers), return_exceptions=True)
-        errors = [e for e in started if isinstance(e, BaseException)]
-        if errors:
-            for s in servers:
-                s.stop()
-            raise errors[0]
-        pool = cls(servers, config=config)
-        pool.start()
-        return pool
 
     def start(self) -> Self:
         """Start the health loop (idempotent)."""
@@ -346,7 +329,8 @@ class EnginePool:
                 return
             except EngineError as exc:
                 logger.error("restart of %s failed: %s", member.url, exc)
-                await asyncio.sleep(min(60.0, self.config.restart_backoff_s * 2 ** (member.restarts - 1)))
+                backoff = Retry(base_delay_s=self.config.restart_backoff_s, max_delay_s=60.0)  # no jitter
+                await asyncio.sleep(backoff.delay_s(member.restarts))
         member.state = MemberState.FAILED
         logger.error("SGLang server %s stays out: %d restarts failed", member.url, member.restarts)
         await self._notify()

@@ -1,7 +1,7 @@
 """What the evaluations of one process share, wired in one place: the sandbox, the math-checker pool, the
 model servers and the global episode limit.
 
-    async with EvalServices.create(sandbox_backend="local", max_episodes=16) as services:
+    async with EvalServices.create(sandbox=SandboxConfig(backend="local"), max_episodes=16) as services:
         result = await services.evaluate(spec)          # or with tasks=, completed=, on_record=, cancel=
 
 :func:`evaluate` does the same for one evaluation (what ``agentrl eval CONFIG.yaml`` runs locally).
@@ -22,8 +22,8 @@ from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
 from agentrl.eval.engines import Launcher, ModelServers, check_model, resolve_model_spec
 from agentrl.eval.runner import check_environment, run_eval
 from agentrl.eval.spec import MAX_SAMPLES, EvalSpec
-from agentrl.rewards import MathVerifier
-from agentrl.sandbox import make_sandbox
+from agentrl.rewards.config import RewardsConfig
+from agentrl.sandbox.config import SandboxConfig
 from agentrl.types import Task
 
 
@@ -44,18 +44,18 @@ class EvalServices:
         self._stack = stack or AsyncExitStack()
 
     @classmethod
-    async def create(cls, *, sandbox_backend: str = "local", sandbox_options: dict[str, Any] | None = None,
-                     max_sandbox: int = 8, verifier_workers: int = 1, max_servers: int = 1,
-                     max_inflight: int = 64, max_episodes: int = 16, server_config: SGLangServerConfig | None = None,
+    async def create(cls, *, sandbox: SandboxConfig | None = None, rewards: RewardsConfig | None = None,
+                     max_servers: int = 1, max_inflight: int = 64, max_episodes: int = 16,
+                     server_config: SGLangServerConfig | None = None,
                      log_dir: Path | None = None, launcher: Launcher | None = None, runs_dir: Path = Path("runs"),
                      dataset_dirs: Sequence[Path] | None = None,
                      registry: Registry = default_registry) -> EvalServices:
         """Build the services; the sandbox and the checker processes start lazily, on first use."""
         stack = AsyncExitStack()
         try:
-            sandbox = make_sandbox(sandbox_backend, max_concurrency=max_sandbox, **(sandbox_options or {}))
-            stack.push_async_callback(sandbox.aclose)
-            verifier = MathVerifier(workers=verifier_workers)
+            box = (sandbox or SandboxConfig()).build()
+            stack.push_async_callback(box.aclose)
+            verifier = (rewards or RewardsConfig()).math_verifier()
             stack.push_async_callback(verifier.aclose)
             engines = ModelServers(max_servers=max_servers, max_inflight=max_inflight, server_config=server_config,
                                  log_dir=log_dir, launcher=launcher)
@@ -63,7 +63,7 @@ class EvalServices:
         except BaseException:
             await stack.aclose()
             raise
-        return cls(resources=EnvResources(sandbox=sandbox, verifier=verifier), engines=engines,
+        return cls(resources=EnvResources(sandbox=box, verifier=verifier), engines=engines,
                    max_episodes=max_episodes, runs_dir=runs_dir, dataset_dirs=dataset_dirs, registry=registry,
                    stack=stack)
 

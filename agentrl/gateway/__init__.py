@@ -1,7 +1,8 @@
 """The agent gateway: OpenAI- and Anthropic-compatible chat endpoints per session, token-exact (the ids the model
 sampled are kept; a later request is bridged onto them or forks a new branch at the first differing token).
 
-Public names load on first use (``agentrl._lazy``): the session store and the core need no FastAPI.
+Public names load on first use (``agentrl._lazy``): the session store and the core need no FastAPI, and a run's
+configuration reads the settings (:mod:`agentrl.gateway.config`) without the rest.
 """
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ if TYPE_CHECKING:
         ChatCall,
         Completion,
         ContinuityError,
-        GatewayConfig,
         SessionClosed,
         SessionLimits,
         SessionNotFound,
     )
+    from agentrl.gateway.config import GatewayConfig
     from agentrl.gateway.core import Gateway
     from agentrl.gateway.local import LocalGateway
     from agentrl.gateway.session import Branch, Session, SessionStore, TurnRecord
 
 _HOME = {
-    **dict.fromkeys(["CallOut", "ChatCall", "Completion", "ContinuityError", "GatewayConfig", "SessionClosed",
-                     "SessionLimits", "SessionNotFound"], "base"),
+    **dict.fromkeys(["CallOut", "ChatCall", "Completion", "ContinuityError", "SessionClosed", "SessionLimits",
+                     "SessionNotFound"], "base"),
+    "GatewayConfig": "config",
     "LocalGateway": "local",
     "Gateway": "core",
     "create_app": "app",

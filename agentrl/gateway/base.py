@@ -1,5 +1,6 @@
-"""The agent gateway's contract: its settings, one chat request and its completion (transport-agnostic: the OpenAI
-and Anthropic routes translate to and from these), and its errors.
+"""The agent gateway's contract: a session's limits, one chat request and its completion (transport-agnostic: the
+OpenAI and Anthropic routes translate to and from these), and its errors; its settings are
+:mod:`agentrl.gateway.config` (re-exported here).
 
     AgentRLError
     ├── SessionNotFound (LookupError)  no live session has this id or key (HTTP 404 / 401)
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agentrl.env.tool_parsers import BUILTIN
+from agentrl.engine.base import SamplingParams
 from agentrl.errors import AgentRLError, InfrastructureError
+from agentrl.gateway.config import GatewayConfig
+
+__all__ = ["CallOut", "ChatCall", "Completion", "ContinuityError", "EpisodeBounds", "FinishReason", "GatewayConfig",
+           "SessionClosed", "SessionLimits", "SessionNotFound"]
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -36,15 +39,16 @@ class ContinuityError(InfrastructureError):
     """A branch's tokens stopped being the engine's prompt ids + sampled ids (a bug in the gateway)."""
 
 
-class GatewayConfig(BaseModel):
-    """Settings of one gateway (its HTTP server's are the CLI's)."""
+class EpisodeBounds(Protocol):
+    """What a session takes from a training episode's budget (:class:`agentrl.async_rollout.EpisodeBudget`; the
+    gateway sits below the rollout and does not import it)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model_name: str = "agentrl"  # what /v1/models lists; requests may name any model
-    tool_parser: str = BUILTIN  # agentrl.env.tool_parsers: "builtin" or one of SGLang's parser names
-    max_tokens: Annotated[int, Field(ge=1)] = 1024  # when a request gives none
-    max_resumes: Annotated[int, Field(ge=0)] = 4  # generations the engine aborted (weight update) continued so often
+    @property
+    def max_turns(self) -> int: ...
+    @property
+    def max_context_tokens(self) -> int: ...
+    @property
+    def max_resumes(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,8 @@ class SessionLimits:
     request's ``max_tokens`` is clamped to what remains of it after the prompt; a prompt that leaves no room gets
     the same empty ``length`` answer (``exhausted = "length"``). ``max_new_tokens`` caps every request's
     ``max_tokens``. ``temperature`` / ``top_p``, when set, replace the request's: a trainer scores tokens at the
-    temperature they were sampled at, whatever the agent asked for.
+    temperature they were sampled at, whatever the agent asked for. ``max_resumes``, when set, replaces the
+    gateway's (:class:`GatewayConfig`): how often a generation the engine aborted is continued.
     """
 
     max_turns: int | None = None
@@ -64,6 +69,15 @@ class SessionLimits:
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    max_resumes: int | None = None
+
+    @classmethod
+    def for_episode(cls, budget: EpisodeBounds, sampling: SamplingParams) -> SessionLimits:
+        """The limits of a training episode's session: its budget's turns, context and resumes, its sampling's
+        ``max_new_tokens``, ``temperature`` and ``top_p`` (the one place the two become session limits)."""
+        return cls(max_turns=budget.max_turns, max_context_tokens=budget.max_context_tokens,
+                   max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                   max_resumes=budget.max_resumes)
 
 
 @dataclass(frozen=True, slots=True)

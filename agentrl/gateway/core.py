@@ -114,7 +114,8 @@ class Gateway:
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        for attempt in range(self.config.max_resumes + 1):
+        resumes = self.config.max_resumes if session.limits.max_resumes is None else session.limits.max_resumes
+        for attempt in range(resumes + 1):
             out = await self.engine.generate(prompt + ids, replace(sampling, max_new_tokens=budget - len(ids)),
                                              sticky_key=session.id)
             ids += out.output_ids
@@ -128,7 +129,7 @@ class Gateway:
                 break  # a grammar cannot be resumed mid-way
             logger.debug("session %s: generation aborted by the engine (resume %d)", session.id, attempt + 1)
         raise EngineError(f"session {session.id}: the engine aborted the generation "
-                          f"{self.config.max_resumes + 1} times; try again")
+                          f"{resumes + 1} times; try again")
 
     def _answer(self, call: ChatCall, sampled: Sampled, finish: EngineFinish, matched: str | int | None,
                 prompt_len: int) -> Completion:

@@ -28,8 +28,11 @@ from agentrl.async_rollout.config import EpisodeBudget, RolloutConfig
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import ConfigError, closest
+from agentrl.gateway.config import GatewayConfig
 from agentrl.launcher.trackers import TrackioSection, WandbSection
 from agentrl.overrides import merge, parse_overrides, read_mapping
+from agentrl.rewards.config import RewardsConfig
+from agentrl.sandbox.config import SandboxConfig
 from agentrl.trainer.config import TrainerSettings, WeightSyncSettings
 
 __all__ = ["RunConfig", "config_keys", "describe_errors", "load_config", "parse_overrides", "save_config"]
@@ -108,15 +111,20 @@ class EngineSection(_Composed):
     server: SGLangServerConfig = SGLangServerConfig()
 
 
+class GatewaySection(_Composed):
+    """The agent gateway of agent environments (:class:`agentrl.gateway.GatewayConfig`). Three of its settings
+    have other owners in a run: ``model_name`` is the run's ``model``, ``tool_parser`` the agent environment's
+    option (``env.options.tool_parser``), and each session continues aborted generations ``rollout.max_resumes``
+    times (its :class:`~agentrl.gateway.SessionLimits`, built from the episode budget and sampling)."""
+
+    PARTS = ("config",)
+    HIDDEN = frozenset({"model_name", "tool_parser", "max_resumes"})
+
+    config: GatewayConfig = GatewayConfig()
+
+
 class RedisSection(_Section):
     url: str | None = None  # external Redis; default: AGENTRL_REDIS_URL, else an embedded server in the run dir
-
-
-class SandboxSection(_Section):
-    backend: Literal["local", "docker", "remote"] = "local"
-    url: str | None = None  # for backend "remote"
-    max_concurrency: int = 8
-    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class EnvSection(_Section):
@@ -219,10 +227,12 @@ class RunConfig(_Section):
     log_rollouts: Literal["none", "summary", "full"] = "summary"  # runs/<name>/rollouts.jsonl
     engine: EngineSection = Field(default_factory=EngineSection)
     redis: RedisSection = Field(default_factory=RedisSection)
-    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     env: EnvSection = Field(default_factory=EnvSection)
     data: DataSection = Field(default_factory=DataSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
     sft: SFTSection = Field(default_factory=SFTSection)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)  # with the top-level model: TrainerConfig
     weight_sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings)

@@ -16,8 +16,6 @@ from agentrl.data.sft import SFTDataStats, SFTTrace, check_sft_data, load_sft_tr
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError, closest
 from agentrl.launcher.config import RunConfig
-from agentrl.rewards import MathVerifier
-from agentrl.sandbox import make_sandbox
 from agentrl.tokenizer import ChatTokenizer, tokenize_trace
 from agentrl.types import Task
 
@@ -134,15 +132,9 @@ def sft_traces_file(cfg: RunConfig, tok: ChatTokenizer, out: Path) -> SFTDataSta
 
 async def make_env_resources(cfg: RunConfig, stack: AsyncExitStack) -> EnvResources:
     """The sandbox and the reward workers, shared by every episode of this process; closed with ``stack``."""
-    s = cfg.sandbox
-    opts = dict(s.options)
-    if s.backend == "remote":
-        if not s.url:
-            raise ConfigError("sandbox.backend 'remote' needs sandbox.url")
-        opts["url"] = s.url
-    sandbox = make_sandbox(s.backend, max_concurrency=s.max_concurrency, **opts)
+    sandbox = cfg.sandbox.build()
     stack.push_async_callback(sandbox.aclose)
-    verifier = MathVerifier(workers=1)
+    verifier = cfg.rewards.math_verifier()
     await verifier.start()
     stack.push_async_callback(verifier.aclose)
     return EnvResources(sandbox=sandbox, verifier=verifier)

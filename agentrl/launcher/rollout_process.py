@@ -21,7 +21,6 @@ from agentrl.engine.recording import RecordingEngine
 from agentrl.engine.weight_sync import Broadcast
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources, load_imports
-from agentrl.env.tool_parsers import BUILTIN
 from agentrl.gateway import GatewayConfig, LocalGateway
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout import heldout_eval
@@ -107,9 +106,7 @@ class RolloutWorker:
         self.channel = SyncChannel(handle.client, registry_namespace(cfg.name))  # weight_sync: distributed
         self.resources = await make_env_resources(cfg, stack)
         if agent:  # agent episodes talk to the engine through the gateway, served here once for all of them
-            self.gateway = LocalGateway(self.engine, self.tok, GatewayConfig(
-                model_name=cfg.model, tool_parser=cfg.env.options.get("tool_parser", BUILTIN),
-                max_resumes=cfg.rollout.budget.max_resumes))
+            self.gateway = LocalGateway(self.engine, self.tok, self._gateway_config())
             await self.gateway.start()
             stack.push_async_callback(self.gateway.aclose)
         await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
@@ -131,6 +128,13 @@ class RolloutWorker:
         await asyncio.gather(*(s.wait_ready_async() for s in servers))
         logger.info("sglang ready on %s", ", ".join(s.url for s in servers))
         return servers
+
+    def _gateway_config(self) -> GatewayConfig:
+        """``gateway:``, with the run's model as the served name and the agent environment's tool parser (each
+        session's resumes are the episode budget's: :meth:`SessionLimits.for_episode`)."""
+        env = self._make_env()
+        return self.cfg.gateway.config.model_copy(update={"model_name": self.cfg.model,
+                                                          "tool_parser": env.tool_parser})
 
     def _runner(self) -> EpisodeRunner | AgentRunner:
         r = self.cfg.rollout

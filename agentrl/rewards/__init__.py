@@ -2,31 +2,53 @@
 
 A reward is ``async (task, RewardInput) -> RewardResult``; see :mod:`agentrl.rewards.base` for the contract
 (score vs INFRA_ERROR). An environment builds its rewards and composes them with :class:`WeightedReward`.
+
+The public names load on first use (``agentrl._lazy``), so a run's configuration reads :class:`RewardsConfig`
+without the rewards.
 """
 
-from agentrl.rewards.base import (
-    CORRECT_KEY,
-    RewardFn,
-    RewardInput,
-    RewardResult,
-    RewardStatus,
-    VerifierError,
-    correctness_score,
-    is_correct,
-)
-from agentrl.rewards.code import (
-    CodeTestsReward,
-    TestCase,
-    TestOutcome,
-    TestReport,
-    TestStatus,
-    extract_program,
-    outputs_match,
-    parse_tests,
-)
-from agentrl.rewards.math import MathReward, Verdict, check_answer, extract_answer, is_equivalent
-from agentrl.rewards.shaping import FormatReward, LengthPenalty, ToolCallPenalty, WeightedReward
-from agentrl.rewards.verifier import MathVerifier
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentrl._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from agentrl.rewards.base import (
+        CORRECT_KEY,
+        RewardFn,
+        RewardInput,
+        RewardResult,
+        RewardStatus,
+        VerifierError,
+        correctness_score,
+        is_correct,
+    )
+    from agentrl.rewards.code import (
+        CodeTestsReward,
+        TestCase,
+        TestOutcome,
+        TestReport,
+        TestStatus,
+        extract_program,
+        outputs_match,
+        parse_tests,
+    )
+    from agentrl.rewards.config import RewardsConfig
+    from agentrl.rewards.math import MathReward, Verdict, check_answer, extract_answer, is_equivalent
+    from agentrl.rewards.shaping import FormatReward, LengthPenalty, ToolCallPenalty, WeightedReward
+    from agentrl.rewards.verifier import MathVerifier
+
+_HOME = {
+    **dict.fromkeys(["CORRECT_KEY", "RewardFn", "RewardInput", "RewardResult", "RewardStatus", "VerifierError",
+                     "correctness_score", "is_correct"], "base"),
+    **dict.fromkeys(["CodeTestsReward", "TestCase", "TestOutcome", "TestReport", "TestStatus", "extract_program",
+                     "outputs_match", "parse_tests"], "code"),
+    "RewardsConfig": "config",
+    **dict.fromkeys(["MathReward", "Verdict", "check_answer", "extract_answer", "is_equivalent"], "math"),
+    **dict.fromkeys(["FormatReward", "LengthPenalty", "ToolCallPenalty", "WeightedReward"], "shaping"),
+    "MathVerifier": "verifier",
+}
 
 __all__ = [
     "CORRECT_KEY",
@@ -35,6 +57,7 @@ __all__ = [
     "LengthPenalty",
     "MathReward",
     "MathVerifier",
+    "RewardsConfig",
     "RewardFn",
     "RewardInput",
     "RewardResult",
@@ -56,3 +79,5 @@ __all__ = [
     "outputs_match",
     "parse_tests",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

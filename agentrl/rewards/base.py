@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.errors import InfrastructureError
+from agentrl.errors import InfrastructureError, RewardError
 from agentrl.types import FinishReason, Task, Turn
 
 
@@ -93,6 +93,15 @@ class RewardResult:
     @property
     def ok(self) -> bool:
         return self.status is RewardStatus.OK
+
+    def raise_for_status(self, episode: str) -> RewardResult:
+        """This result if it has a score; else :class:`RewardError` naming ``episode`` (e.g. ``"episode <id>
+        (task 'p')"``) and the reason. The one place an INFRA_ERROR value becomes an exception: every episode
+        runner calls it, so no trajectory or episode carries a reward that could not be computed."""
+        if not self.ok:
+            raise RewardError(f"the reward of {episode} could not be computed: "
+                              f"{self.details.get('error', 'no reason given')}")
+        return self
 
 
 #: the breakdown component that holds the verifier's verdict (1 right, 0 wrong), in environments that have one

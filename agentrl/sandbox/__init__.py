@@ -1,20 +1,40 @@
 """Sandboxes: run untrusted code under hard limits (local bubblewrap, Docker warm pool, or a remote server).
 
-    sandbox = make_sandbox("local")            # or "docker", "remote" (url=...), "auto"
+    sandbox = make_sandbox("local")            # or "docker", "remote" (url=...), "auto"; or SandboxConfig(...).build()
     async with sandbox:
         result = await sandbox.run(RunRequest(code="print(1)", limits=Limits(time_s=5)))
         async with await sandbox.session("python", Limits(time_s=5)) as s:
             await s.run("x = 1"); await s.run("print(x)")
+
+The public names load on first use (``agentrl._lazy``): the backends import their dependencies (docker, aiohttp)
+only when used, and a run's configuration reads :class:`SandboxConfig` without the sandbox.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentrl._lazy import lazy_exports
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunResult, RunStatus, Sandbox, Session
+
+if TYPE_CHECKING:
+    from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunResult, RunStatus, Sandbox, Session
+    from agentrl.sandbox.config import SandboxConfig
+    from agentrl.sandbox.docker import DockerSandbox
+    from agentrl.sandbox.local import LocalSandbox
+    from agentrl.sandbox.remote import RemoteSandbox
+    from agentrl.sandbox.server import create_app
 
 BACKENDS = ("local", "docker", "remote", "auto")
+
+_HOME = {
+    **dict.fromkeys(["Limits", "RequestStatus", "RunRequest", "RunResult", "RunStatus", "Sandbox", "Session"], "base"),
+    "SandboxConfig": "config",
+    "DockerSandbox": "docker",
+    "LocalSandbox": "local",
+    "RemoteSandbox": "remote",
+    "create_app": "server",
+}
 
 
 def docker_available(timeout_s: float = 3.0) -> str | None:
@@ -53,28 +73,10 @@ def make_sandbox(backend: str, **opts: Any) -> Sandbox:
     raise ConfigError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def __getattr__(name: str) -> Any:  # the backends import their dependencies (docker, aiohttp) only when used
-    if name == "LocalSandbox":
-        from agentrl.sandbox.local import LocalSandbox
-
-        return LocalSandbox
-    if name == "DockerSandbox":
-        from agentrl.sandbox.docker import DockerSandbox
-
-        return DockerSandbox
-    if name == "RemoteSandbox":
-        from agentrl.sandbox.remote import RemoteSandbox
-
-        return RemoteSandbox
-    if name == "create_app":
-        from agentrl.sandbox.server import create_app
-
-        return create_app
-    raise AttributeError(name)
-
-
 __all__ = [
     "BACKENDS", "DockerSandbox", "Limits", "LocalSandbox", "RemoteSandbox", "RequestStatus", "RunRequest",
-    "RunResult", "RunStatus", "Sandbox", "SandboxError", "Session", "create_app", "docker_available",
+    "RunResult", "RunStatus", "Sandbox", "SandboxConfig", "SandboxError", "Session", "create_app", "docker_available",
     "make_sandbox",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

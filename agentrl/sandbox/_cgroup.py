@@ -45,10 +45,6 @@ class Cgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs.values()]
 
-    @property
-    def has_memory(self) -> bool:
-        return "memory" in self.dirs
-
     def set_limits(self, *, memory_mb: int, pids: int, cpus: float) -> None:
         """Raises OSError if the kernel refuses (e.g. memory below what the tree already uses)."""
         if "memory" in self.dirs:

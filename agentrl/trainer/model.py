@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.errors import ConfigError, TrainerError
 from agentrl.trainer.config import OptimizerConfig
-from agentrl.trainer.objectives import entropy_from_logits
+from agentrl.trainer.objectives import entropy_from_logits, token_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +96,8 @@ class ScoredLM(nn.Module):
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         if temperature != 1.0:
-            logits = logits / temperature
-        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            logits = logits / temperature  # the entropy below is the tempered distribution's too
+        logp = token_logprobs(logits, targets)
         ent: Tensor | None = None
         if entropy == "grad":
             ent = entropy_from_logits(logits)

@@ -13,6 +13,7 @@ from api_support import ApiServer
 
 from agentrl.api import ApiSettings
 from agentrl.queue import EmbeddedRedis
+from agentrl.sandbox import SandboxConfig
 
 
 @pytest.fixture(scope="package")
@@ -26,7 +27,7 @@ def settings(redis_url: str, tmp_path: Path) -> ApiSettings:
     """Settings of a fresh service: its own namespace, short leases, the tmp dir for datasets and runs."""
     return ApiSettings(redis_url=redis_url, namespace=f"{{t-{uuid.uuid4().hex[:10]}}}", data_dir=tmp_path / "api",
                        runs_dir=tmp_path / "runs", dataset_dirs=[tmp_path], lease_s=2.0, poll_s=0.1,
-                       max_tasks=2, max_episodes=8, max_sandbox=4, max_body_bytes=256 << 10)
+                       max_tasks=2, max_episodes=8, sandbox=SandboxConfig(max_concurrency=4), max_body_bytes=256 << 10)
 
 
 @pytest.fixture

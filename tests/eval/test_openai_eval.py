@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentrl.eval import EvalServices, EvalSpec, SpecError
+from agentrl.sandbox import SandboxConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from openai_support import Error, FakeOpenAI, Reply, Served, closed_port_url  # noqa: E402
@@ -42,7 +43,7 @@ def solver(body: dict[str, Any], turn: int) -> str:
 @pytest.mark.parametrize("style", ["sglang", "plain"])
 async def test_retool_episodes_through_chat_completions(style: str) -> None:
     fake = FakeOpenAI(solver, style=style)
-    async with Served(fake), await EvalServices.create(max_sandbox=2) as services:
+    async with Served(fake), await EvalServices.create(sandbox=SandboxConfig(max_concurrency=2)) as services:
         result = await services.evaluate(spec(fake.url))
     assert result.status == "succeeded" and len(result.records) == 4
     m = result.metrics
@@ -63,7 +64,7 @@ async def test_retool_episodes_through_chat_completions(style: str) -> None:
 
 async def test_a_wrong_answer_scores_zero_and_an_erroring_server_records_errors() -> None:
     fake = FakeOpenAI(lambda body, turn: "\\boxed{7}")
-    async with Served(fake), await EvalServices.create(max_sandbox=2) as services:
+    async with Served(fake), await EvalServices.create(sandbox=SandboxConfig(max_concurrency=2)) as services:
         wrong = await services.evaluate(spec(fake.url, keep_trajectories=False))
         assert wrong.metrics["accuracy"] == 0.0 and wrong.metrics["num_errors"] == 0
         assert all(r.transcript is None for r in wrong.records)
@@ -79,7 +80,7 @@ async def test_a_wrong_answer_scores_zero_and_an_erroring_server_records_errors(
 
 async def test_a_server_that_hangs_or_is_not_there_fails_the_samples_not_the_submission() -> None:
     fake = FakeOpenAI(lambda body, turn: Reply("late", delay_s=3.0))
-    async with Served(fake), await EvalServices.create(max_sandbox=2) as services:
+    async with Served(fake), await EvalServices.create(sandbox=SandboxConfig(max_concurrency=2)) as services:
         slow = await services.evaluate(spec(fake.url, model={"openai_url": fake.url, "openai_model": "m",
                                                              "openai_timeout_s": 0.3}))
         assert slow.metrics["num_errors"] == 4 and all("EngineTimeout" in (r.error or "") for r in slow.records)
@@ -93,7 +94,7 @@ async def test_a_server_that_hangs_or_is_not_there_fails_the_samples_not_the_sub
 async def test_the_api_key_comes_from_the_named_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeOpenAI(solver)
     s = spec("http://127.0.0.1:9/v1", model={"openai_url": "http://127.0.0.1:9/v1", "api_key_env": "AGENTRL_TEST_KEY"})
-    async with Served(fake), await EvalServices.create(max_sandbox=2) as services:
+    async with Served(fake), await EvalServices.create(sandbox=SandboxConfig(max_concurrency=2)) as services:
         monkeypatch.delenv("AGENTRL_TEST_KEY", raising=False)
         with pytest.raises(SpecError) as info:
             await services.prepare(s)

@@ -8,6 +8,7 @@ import pytest
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.openai_chat import OpenAIChatClient
 from agentrl.eval import EvalServices, EvalSpec
+from agentrl.sandbox import SandboxConfig
 
 pytestmark = pytest.mark.sglang
 
@@ -17,7 +18,7 @@ async def test_evaluate_on_a_running_server(sglang_url: str, chat_tokenizer) -> 
         "environment": {"name": "retool"}, "dataset": {"name": "arithmetic:heldout", "n": 2, "seed": 1},
         "model": {"url": sglang_url}, "sampling": {"max_new_tokens": 24, "seed": 5},
         "samples_per_item": 2, "pass_k": [1, 2], "max_turns": 2})
-    async with await EvalServices.create(max_sandbox=2) as services:
+    async with await EvalServices.create(sandbox=SandboxConfig(max_concurrency=2)) as services:
         result = await services.evaluate(spec)
         again = await services.evaluate(spec)
         assert services.engines.status() == [{"engine": f"url:{sglang_url}", "ready": True, "leases": 0}]  # reused
@@ -41,7 +42,7 @@ async def test_evaluate_through_sglangs_own_openai_route(sglang_url: str) -> Non
         "environment": {"name": "retool"}, "dataset": {"name": "arithmetic:heldout", "n": 2, "seed": 1},
         "model": {"openai_url": f"{sglang_url}/v1"}, "sampling": {"max_new_tokens": 16, "seed": 5},
         "samples_per_item": 2, "pass_k": [1, 2], "max_turns": 2, "sample_retries": 0})
-    async with await EvalServices.create(max_sandbox=2) as services:
+    async with await EvalServices.create(sandbox=SandboxConfig(max_concurrency=2)) as services:
         result = await services.evaluate(spec)
     assert result.status == "succeeded" and len(result.records) == 4
     m = result.metrics

@@ -14,7 +14,7 @@ import yaml
 
 from agentrl.engine.client import SGLangClient
 
-pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.redis]  # the run starts its own embedded Redis
 
 #: the command line with Ray unable to start: a run that placed anything on Ray would fail
 NO_RAY = """

@@ -1,9 +1,15 @@
-"""The rollout process hands each component its own part of the run's `rollout:` section, as is."""
+"""The rollout process hands each component its own part of the run's configuration, as is."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from agentrl.env import default_registry
+from agentrl.env.agent import agent_factory
+from agentrl.env.registry import EnvResources
+from agentrl.gateway import GatewayConfig, SessionLimits
 from agentrl.launcher.config import load_config
 from agentrl.launcher.rollout_process import RolloutWorker
 
@@ -14,3 +20,22 @@ def test_episodes_get_the_runs_sampling_and_budget(tmp_path: Path) -> None:
     worker.engine, worker.tok = object(), object()  # what start() would set; the runner only keeps them
     runner = worker._runner()
     assert runner.sampling is cfg.rollout.sampling and runner.budget is cfg.rollout.budget
+
+
+async def _agent(task, client) -> str:  # never run: the test only builds the rollout side's objects
+    return ""
+
+
+def test_agent_episodes_get_the_runs_gateway_settings_and_session_limits(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(default_registry, "envs", dict(default_registry.envs))
+    default_registry.register_env("probe_agent", agent_factory(_agent))
+    cfg = load_config(None, ["env.name=probe_agent", "env.options.tool_parser=qwen25", "gateway.max_tokens=77",
+                             "rollout.max_resumes=2", "rollout.temperature=0.8"])
+    worker = RolloutWorker(cfg, tmp_path, "redis://unused")
+    worker.resources = EnvResources()
+    assert worker._gateway_config() == GatewayConfig(model_name=cfg.model, tool_parser="qwen25", max_tokens=77)
+    worker.gateway, worker.tok = object(), object()  # what start() would set
+    runner = worker._runner()
+    assert runner.limits == SessionLimits.for_episode(cfg.rollout.budget, cfg.rollout.sampling)
+    assert runner.limits.max_resumes == 2 and runner.limits.temperature == 0.8

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
-from agentrl.rewards.base import correctness_score, is_correct
+import pytest
+
+from agentrl.errors import RewardError
+from agentrl.rewards.base import RewardResult, RewardStatus, correctness_score, is_correct
 
 
 def test_correctness_uses_the_correct_component_when_there_is_one() -> None:
@@ -21,3 +24,12 @@ def test_the_threshold_is_one_unless_given() -> None:
 def test_a_verdict_that_is_not_a_number_is_no_verdict() -> None:
     assert correctness_score(0.2, {"correct": math.nan}) == 0.2
     assert not is_correct(math.nan, {})
+
+
+def test_a_reward_without_a_score_raises_reward_error_naming_the_episode_and_the_reason() -> None:
+    ok = RewardResult.scored(0.5)
+    assert ok.raise_for_status("episode t1") is ok
+    with pytest.raises(RewardError, match=r"episode t1 \(task 'p'\) could not be computed: sandbox down"):
+        RewardResult.infra_error("sandbox down").raise_for_status("episode t1 (task 'p')")
+    with pytest.raises(RewardError, match="no reason given"):
+        RewardResult(math.nan, RewardStatus.INFRA_ERROR).raise_for_status("episode t2")
