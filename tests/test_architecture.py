@@ -169,7 +169,7 @@ TRAINER_NEVER = ("sglang", "agentrl.async_rollout", "agentrl.engine", "agentrl.e
                  "agentrl.rewards", "agentrl.launcher.rollout_process", "agentrl.eval", "agentrl.gateway",
                  "agentrl.mcp", "agentrl.api")
 TRAINER_SETTINGS = ("agentrl.async_rollout", "agentrl.async_rollout.config", "agentrl.engine", "agentrl.engine.base",
-                    "agentrl.engine.server", "agentrl.gateway", "agentrl.gateway.config", "agentrl.sandbox",
+                    "agentrl.engine.config", "agentrl.engine.server", "agentrl.gateway", "agentrl.gateway.config", "agentrl.sandbox",
                     "agentrl.sandbox.config", "agentrl.rewards", "agentrl.rewards.config")
 
 

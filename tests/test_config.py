@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from agentrl.async_rollout import EpisodeBudget, RolloutConfig
-from agentrl.engine import SamplingParams, SGLangServerConfig
+from agentrl.engine import PoolConfig, SamplingParams, SGLangServerConfig, Timeouts
 from agentrl.errors import ConfigError
 from agentrl.gateway import GatewayConfig
 from agentrl.launcher import recipes
@@ -151,11 +151,15 @@ def test_every_rollout_knob_is_set_from_yaml(owner, part):
         assert (list(got) if isinstance(got, tuple) else got) == value, f.name
 
 
-def test_every_server_setting_is_an_engine_key():
-    """Every field of the servers' settings but model_path (the run's `model`) is an `engine:` key, and setting it
-    reaches the config the servers are started with."""
+@pytest.mark.parametrize(("owner", "part"), [(SGLangServerConfig, "server"), (PoolConfig, "pool"),
+                                             (Timeouts, "timeouts")])
+def test_every_engine_knob_is_set_from_yaml(owner, part):
+    """Every field of the servers' settings (but model_path, the run's `model`), the pool's and the clients'
+    deadlines is an `engine:` key, and setting it reaches the object the rollout process hands on."""
     assert EngineSection.HIDDEN == {"model_path"}
-    for name, default in _field_defaults(SGLangServerConfig).items():
-        if name not in EngineSection.HIDDEN:
-            value = _other(name, default)
-            assert getattr(load_config(None, [f"engine.{name}={_yaml(value)}"]).engine.server, name) == value, name
+    for name, default in _field_defaults(owner).items():
+        if name in EngineSection.HIDDEN:
+            continue
+        value = _other(name, default)
+        got = getattr(getattr(load_config(None, [f"engine.{name}={_yaml(value)}"]).engine, part), name)
+        assert got == value, name

@@ -1,8 +1,9 @@
 """Inference engines: SGLang servers, their HTTP client, a pool of servers with sticky routing, and a client of
 any OpenAI-compatible chat-completions server (text level, for evaluations).
 
-The public names are loaded on first use, so the contract (``agentrl.engine.base``) and the server settings
-(``SGLangServerConfig``) can be read without the HTTP client or the pool.
+The public names are loaded on first use, so the contract (``agentrl.engine.base``) and the settings
+(``SGLangServerConfig``; ``PoolConfig`` and ``Timeouts`` in ``agentrl.engine.config``) can be read without the HTTP
+client or the pool.
 """
 
 from __future__ import annotations
@@ -26,17 +27,19 @@ if TYPE_CHECKING:
         PauseMode,
         SamplingParams,
     )
-    from agentrl.engine.client import Retry, SGLangClient, Timeouts
+    from agentrl.engine.client import Retry, SGLangClient
+    from agentrl.engine.config import PoolConfig, Timeouts
     from agentrl.engine.openai_chat import OpenAIChatClient
-    from agentrl.engine.pool import EnginePool, MemberState, MemberStats, PoolConfig
+    from agentrl.engine.pool import EnginePool, MemberState, MemberStats
     from agentrl.engine.server import SGLangServer, SGLangServerConfig, pool_configs
 
 _HOME = {
     **dict.fromkeys(["PAUSE_MODES", "ChatEngine", "ChatResult", "ChatToolCall", "ControllableEngine", "EngineFinish", "EngineTimeout", "EngineUnavailable",
                      "GenerateResult", "InferenceEngine", "PauseMode", "SamplingParams"], "base"),
-    **dict.fromkeys(["Retry", "SGLangClient", "Timeouts"], "client"),
+    **dict.fromkeys(["Retry", "SGLangClient"], "client"),
+    **dict.fromkeys(["PoolConfig", "Timeouts"], "config"),
     **dict.fromkeys(["OpenAIChatClient"], "openai_chat"),
-    **dict.fromkeys(["EnginePool", "MemberState", "MemberStats", "PoolConfig"], "pool"),
+    **dict.fromkeys(["EnginePool", "MemberState", "MemberStats"], "pool"),
     **dict.fromkeys(["SGLangServer", "SGLangServerConfig", "pool_configs"], "server"),
 }
 

@@ -17,7 +17,6 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 import aiohttp
@@ -31,6 +30,7 @@ from agentrl.engine.base import (
     PauseMode,
     SamplingParams,
 )
+from agentrl.engine.config import Timeouts
 from agentrl.errors import EngineError
 from agentrl.retry import Retry
 
@@ -42,15 +42,6 @@ Health = Literal["ok", "unreachable", "unresponsive"]
 
 class _Busy(EngineError):
     """The server answered 502/503: it did not act on the request (retried)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Deadline of each kind of call, retries included."""
-
-    generate_s: float = 600.0  # one generation (a long CPU generation can take minutes)
-    control_s: float = 30.0  # health, version, pause/continue, abort
-    update_weights_s: float = 600.0  # loading new weights from disk
 
 
 def parse_version(value: Any) -> int:

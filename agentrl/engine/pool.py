@@ -31,6 +31,7 @@ from typing import Any, Protocol, Self
 
 from agentrl.engine.base import EngineTimeout, EngineUnavailable, GenerateResult, PauseMode, SamplingParams
 from agentrl.engine.client import SGLangClient
+from agentrl.engine.config import PoolConfig
 from agentrl.engine.weight_sync import AsStarted, FromDisk, Outcome, WeightSource
 from agentrl.errors import EngineError
 from agentrl.retry import Retry
@@ -54,24 +55,6 @@ class MemberState(str, enum.Enum):
     DOWN = "down"  # out of rotation; waiting to be restarted or (not ours) to answer again
     RESTARTING = "restarting"
     FAILED = "failed"  # out for good: restarts exhausted
-
-
-@dataclass(frozen=True, slots=True)
-class PoolConfig:
-    health_interval_s: float = 5.0
-    health_timeout_s: float = 10.0
-    failures_to_down: int = 3  # consecutive failed /health checks (a dead process counts at once)
-    # slow is not dead: a server that stops answering /health but is alive is taken out only once it has made no
-    # progress (no CPU time used by its processes, no request finished, no health answer) for hung_after_s, or
-    # has not answered for max_unhealthy_s whatever it does (on a starved machine SGLang answers 503 for minutes
-    # while it still decodes)
-    hung_after_s: float = 120.0
-    max_unhealthy_s: float = 900.0
-    restart: bool = True  # restart servers agentrl started
-    max_restarts: int = 5  # per server, over the pool's life
-    restart_backoff_s: float = 2.0  # after a failed restart: backoff · 2^(k-1), at most 60 s
-    wait_for_server_s: float = 300.0  # generate waits this long for a server to be up
-    sticky_capacity: int = 65536  # routing entries kept (least recently used dropped)
 
 
 @dataclass

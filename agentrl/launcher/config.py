@@ -26,6 +26,7 @@ from pydantic import (
 
 from agentrl.async_rollout.config import EpisodeBudget, RolloutConfig
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.config import PoolConfig, Timeouts
 from agentrl.engine.server import SGLangServerConfig
 from agentrl.errors import ConfigError, closest
 from agentrl.gateway.config import GatewayConfig
@@ -100,15 +101,18 @@ def _field_values(obj: Any) -> dict[str, Any]:
 
 class EngineSection(_Composed):
     """The SGLang server(s): how to start each (``server``: every SGLangServerConfig key but ``model_path``, which
-    is the run's ``model``), or ``url`` of running ones."""
+    is the run's ``model``), or ``url`` of running ones; how the pool watches and restarts them (``pool``:
+    :class:`PoolConfig`) and each client's deadlines (``timeouts``: :class:`Timeouts`)."""
 
-    PARTS = ("server",)
+    PARTS = ("server", "pool", "timeouts")
     HIDDEN = frozenset({"model_path"})
 
     url: str | None = None  # one URL, or several separated by commas (a pool of running servers)
     num_servers: int = Field(1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
     record_requests: bool = False  # debug: every generate call → runs/<name>/engine_requests.jsonl
     server: SGLangServerConfig = SGLangServerConfig()
+    pool: PoolConfig = PoolConfig()
+    timeouts: Timeouts = Timeouts()
 
 
 class GatewaySection(_Composed):

@@ -11,12 +11,13 @@ import asyncio
 import json
 import logging
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from agentrl.async_rollout import EpisodeRunner, RolloutScheduler, SkipSolved
 from agentrl.async_rollout.agent_episode import AgentRunner
-from agentrl.engine import EnginePool, SGLangServer, pool_configs
+from agentrl.engine import EnginePool, SGLangClient, SGLangServer, pool_configs
 from agentrl.engine.recording import RecordingEngine
 from agentrl.engine.weight_sync import Broadcast
 from agentrl.env import default_registry
@@ -88,7 +89,7 @@ class RolloutWorker:
             members: list[Any] = [u.strip() for u in cfg.engine.url.split(",") if u.strip()]
         else:
             members = await self._start_servers(base_model)
-        self.client = EnginePool(members)  # restarted servers are recorded by their on_spawn
+        self.client = self._pool(members)  # restarted servers are recorded by their on_spawn
         self.client.start()
         stack.push_async_callback(self.client.aclose)  # also stops the servers it restarted
         url = ",".join(self.client.urls)
@@ -111,6 +112,12 @@ class RolloutWorker:
             stack.push_async_callback(self.gateway.aclose)
         await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
         return url
+
+    def _pool(self, members: list[Any]) -> EnginePool:
+        """``members`` (servers started here, or URLs) behind one pool, with ``engine:``'s pool settings and client
+        deadlines."""
+        e = self.cfg.engine
+        return EnginePool(members, config=e.pool, client_factory=partial(SGLangClient, timeouts=e.timeouts))
 
     async def _start_servers(self, model: Path) -> list[SGLangServer]:
         """``engine.num_servers`` SGLang servers, started side by side (on GPU each on its own devices)."""

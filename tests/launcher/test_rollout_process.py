@@ -39,3 +39,14 @@ def test_agent_episodes_get_the_runs_gateway_settings_and_session_limits(tmp_pat
     runner = worker._runner()
     assert runner.limits == SessionLimits.for_episode(cfg.rollout.budget, cfg.rollout.sampling)
     assert runner.limits.max_resumes == 2 and runner.limits.temperature == 0.8
+
+
+async def test_the_engine_pool_and_its_clients_get_the_runs_engine_settings(tmp_path: Path) -> None:
+    cfg = load_config(None, ["engine.max_restarts=1", "engine.wait_for_server_s=5", "engine.generate_s=42"])
+    pool = RolloutWorker(cfg, tmp_path, "redis://unused")._pool(["http://127.0.0.1:9", "http://127.0.0.1:10"])
+    try:
+        assert pool.config is cfg.engine.pool and pool.config.max_restarts == 1
+        assert [m.client.timeouts for m in pool._members] == [cfg.engine.timeouts] * 2
+        assert cfg.engine.timeouts.generate_s == 42
+    finally:
+        await pool.aclose()
