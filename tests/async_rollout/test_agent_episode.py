@@ -127,6 +127,43 @@ async def test_budgets_max_turns_and_the_context(served) -> None:
     assert traj.num_tokens <= 200 and traj.finish_reason is FinishReason.LENGTH
 
 
+async def test_a_prompt_that_fills_the_context_gets_an_empty_length_answer(served) -> None:
+    answers: list[Any] = []
+    sessions: list[Any] = []
+
+    async def two_turns(task: Task, client: ClientConfig) -> str:
+        sessions.append(runner.gateway.store.get(client.session_id))
+        async with openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0) as llm:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+            for _ in range(2):
+                answers.append(answer := await llm.chat.completions.create(
+                    model=client.model, messages=messages, tools=TOOLS))  # type: ignore[arg-type]
+                msg = answer.choices[0].message
+                if not msg.tool_calls:
+                    return msg.content or ""
+                (c,) = msg.tool_calls
+                messages += [{"role": "assistant", "content": "", "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": "add", "arguments": c.function.arguments}}]},
+                    {"role": "tool", "tool_call_id": c.id, "content": "5"}]
+        return ""
+
+    call = hermes_call_text("add", {"a": 2, "b": 3})
+    runner, engine = await served([call, "\\boxed{5}"])
+    await runner.episode(_env(two_turns), TASK)
+    second_prompt = len(engine.calls[1][0])  # the context the second request's prompt fills exactly
+    answers.clear()
+    runner, engine = await served([call, "never sampled"], EpisodeBudget(max_context_tokens=second_prompt))
+    [traj] = await runner.episode(_env(two_turns), TASK)
+    assert len(engine.calls) == 1  # the second request generated nothing
+    full = answers[-1]
+    assert full.choices[0].message.content == "" and not full.choices[0].message.tool_calls
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 0
+    assert full.usage.prompt_tokens == second_prompt
+    assert sessions[-1].exhausted == "length" and sessions[-1].generations == 1
+    assert traj.finish_reason is FinishReason.LENGTH and traj.num_tokens == len(engine.calls[0][0]) + len(
+        runner.tok.encode_text(call)) + 1  # the branch ends with the first turn: the empty answer adds no tokens
+
+
 async def test_the_agent_posted_reward_is_added(served) -> None:
     async def posting(task: Task, client: ClientConfig) -> str:
         answer = await tool_agent(task, client)
