@@ -124,8 +124,9 @@ class Gateway:
                 return Sampled(ids, logprobs, versions), out.finish, out.matched_stop
             if len(ids) >= budget:
                 return Sampled(ids, logprobs, versions), EngineFinish.LENGTH, None
-            if call.regex or call.ebnf:
-                break  # a grammar cannot be resumed mid-way
+            if call.regex or call.ebnf:  # the grammar's state is lost: sampling on would break the constraint
+                raise EngineError(f"session {session.id}: the engine aborted a constrained (regex/ebnf) generation, "
+                                  "which cannot be resumed mid-way; send the request again")
             logger.debug("session %s: generation aborted by the engine (resume %d)", session.id, attempt + 1)
         raise EngineError(f"session {session.id}: the engine aborted the generation "
                           f"{self.config.max_resumes + 1} times; try again")
