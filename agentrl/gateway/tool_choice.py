@@ -1,0 +1,69 @@
+"""``tool_choice`` honoured by constrained decoding: ``"required"`` or a named function becomes an EBNF grammar of
+the builtin ``<tool_call>`` format (Hermes / Qwen 2.5 / SmolLM2), which SGLang's grammar backend enforces.
+
+    required      <tool_call>\\n{"name": "<one of the tools>", "arguments": {…}}\\n</tool_call>  (one or more, "\\n"-separated)
+    <name>        exactly one such call, of that function
+
+The arguments are any JSON object written as ``json.dumps`` writes it (", " and ": " separators, no other
+whitespace); their schema is not enforced (the tool checks its arguments, as with ``auto``). ``auto`` and ``none``
+add nothing. A request that brings its own ``regex``/``ebnf`` keeps it (the gateway adds none). Refused with a
+:class:`MessageError` (HTTP 400): ``required``/a name with another tool parser than the builtin one (its format is
+the model family's), a name no tool has, ``required`` without tools.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+from agentrl.env.tool_parsers import BUILTIN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from agentrl.gateway.base import ChatCall
+from agentrl.gateway.messages import MessageError
+
+SUPPORTED = '"auto", "none", "required" or a function ({"type": "function", "function": {"name": …}})'
+
+# a JSON value as json.dumps writes it; strings without control characters
+_JSON = r'''
+object ::= "{" (pair (", " pair)*)? "}"
+pair ::= string ": " value
+array ::= "[" (value (", " value)*)? "]"
+value ::= object | array | string | number | "true" | "false" | "null"
+string ::= "\"" ([^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F]))* "\""
+number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+'''
+
+
+def tool_call_ebnf(names: Sequence[str], *, many: bool) -> str:
+    """The grammar of a turn that is only builtin-format tool calls of ``names``: one, or (``many``) one or more."""
+    alternatives = " | ".join(_literal(json.dumps(n, ensure_ascii=False)) for n in names)
+    head = _literal(TOOL_CALL_OPEN + '\n{"name": ')
+    tail = _literal("}\n" + TOOL_CALL_CLOSE)
+    arguments = _literal(', "arguments": ')
+    root = 'root ::= call ("\\n" call)*' if many else "root ::= call"
+    return f"{root}\ncall ::= {head} name {arguments} object {tail}\nname ::= {alternatives}{_JSON}"
+
+
+def constrain(call: ChatCall, tool_parser: str) -> ChatCall:
+    """``call`` with the grammar its ``tool_choice`` asks for (see the module docstring), or a MessageError."""
+    choice = call.tool_choice
+    if choice in ("auto", "none"):
+        return call
+    names = [t["function"]["name"] for t in call.tools]
+    if not names:
+        raise MessageError(f"tool_choice {choice!r} needs tools; send tools or use tool_choice \"auto\"")
+    if choice != "required" and choice not in names:
+        raise MessageError(f"tool_choice names the function {choice!r}, which is not among the tools {names}; "
+                           f"tool_choice must be {SUPPORTED}")
+    if tool_parser != BUILTIN:
+        raise MessageError(f"tool_choice {choice!r} is enforced only with the builtin <tool_call> parser; this "
+                           f"gateway parses tool calls with {tool_parser!r}: use tool_choice \"auto\" (or force "
+                           "the call yourself with a regex/ebnf in the request)")
+    if call.regex or call.ebnf:
+        return call  # the request's own constraint
+    return replace(call, ebnf=tool_call_ebnf([choice] if choice != "required" else names,
+                                             many=choice == "required"))
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # an EBNF string literal: the same escapes as JSON's
