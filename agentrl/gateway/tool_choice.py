@@ -4,18 +4,21 @@ the builtin ``<tool_call>`` format (Hermes / Qwen 2.5 / SmolLM2), which SGLang's
     required      <tool_call>\\n{"name": "<one of the tools>", "arguments": {…}}\\n</tool_call>  (one or more, "\\n"-separated)
     <name>        exactly one such call, of that function
 
-The arguments are any JSON object written as ``json.dumps`` writes it (", " and ": " separators, no other
-whitespace); their schema is not enforced (the tool checks its arguments, as with ``auto``). ``auto`` and ``none``
-add nothing. A request that brings its own ``regex``/``ebnf`` keeps it (the gateway adds none). Refused with a
-:class:`MessageError` (HTTP 400): ``required``/a name with another tool parser than the builtin one (its format is
-the model family's), a name no tool has, ``required`` without tools.
+The arguments are a JSON object written as ``json.dumps`` writes it (", " and ": " separators, no other
+whitespace). Its keys are the names the tool's ``parameters.properties`` declares (any string when it declares
+none or allows ``additionalProperties``); the values are any JSON: types, required keys and repeats are not
+enforced (the tool checks its arguments, as with ``auto``). ``auto`` and ``none`` add nothing. A request that
+brings its own ``regex``/``ebnf`` keeps it (the gateway adds none). Refused with a :class:`MessageError` (HTTP
+400): ``required``/a name with another tool parser than the builtin one (its format is the model family's), a name
+no tool has, ``required`` without tools.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from agentrl.env.tool_parsers import BUILTIN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from agentrl.gateway.base import ChatCall
@@ -34,14 +37,36 @@ number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
 '''
 
 
-def tool_call_ebnf(names: Sequence[str], *, many: bool) -> str:
-    """The grammar of a turn that is only builtin-format tool calls of ``names``: one, or (``many``) one or more."""
-    alternatives = " | ".join(_literal(json.dumps(n, ensure_ascii=False)) for n in names)
+def tool_call_ebnf(tools: Sequence[Mapping[str, Any]], *, many: bool) -> str:
+    """The grammar of a turn that is only builtin-format calls of ``tools`` (OpenAI function tools): one, or
+    (``many``) one or more."""
     head = _literal(TOOL_CALL_OPEN + '\n{"name": ')
     tail = _literal("}\n" + TOOL_CALL_CLOSE)
     arguments = _literal(', "arguments": ')
-    root = 'root ::= call ("\\n" call)*' if many else "root ::= call"
-    return f"{root}\ncall ::= {head} name {arguments} object {tail}\nname ::= {alternatives}{_JSON}"
+    rules = ['root ::= call ("\\n" call)*' if many else "root ::= call",
+             "call ::= " + " | ".join(f"call{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        name = _literal(json.dumps(tool["function"]["name"], ensure_ascii=False))
+        keys = _declared(tool["function"].get("parameters"))
+        if keys is None:
+            rules.append(f"call{i} ::= {head} {name} {arguments} object {tail}")
+        elif not keys:
+            rules.append(f'call{i} ::= {head} {name} {arguments} "{{}}" {tail}')
+        else:
+            rules.append(f"call{i} ::= {head} {name} {arguments} args{i} {tail}")
+            rules.append(f'args{i} ::= "{{" (pair{i} (", " pair{i})*)? "}}"')
+            rules.append(f'pair{i} ::= ({" | ".join(_literal(json.dumps(k, ensure_ascii=False)) for k in keys)}) '
+                         '": " value')
+    return "\n".join(rules) + _JSON
+
+
+def _declared(parameters: Any) -> list[str] | None:
+    """The argument names a parameters schema declares; None: any name (none declared, or more allowed)."""
+    if not isinstance(parameters, Mapping) or not isinstance(parameters.get("properties"), Mapping):
+        return None
+    if parameters.get("additionalProperties", False) not in (False, None):
+        return None
+    return [str(k) for k in parameters["properties"]]
 
 
 def constrain(call: ChatCall, tool_parser: str) -> ChatCall:
@@ -61,8 +86,8 @@ def constrain(call: ChatCall, tool_parser: str) -> ChatCall:
                            "the call yourself with a regex/ebnf in the request)")
     if call.regex or call.ebnf:
         return call  # the request's own constraint
-    return replace(call, ebnf=tool_call_ebnf([choice] if choice != "required" else names,
-                                             many=choice == "required"))
+    chosen = call.tools if choice == "required" else [t for t in call.tools if t["function"]["name"] == choice]
+    return replace(call, ebnf=tool_call_ebnf(chosen, many=choice == "required"))
 
 
 def _literal(text: str) -> str:

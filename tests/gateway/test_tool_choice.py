@@ -22,15 +22,18 @@ def test_the_grammar_takes_builtin_format_calls_only() -> None:
     xgrammar = pytest.importorskip("xgrammar")
     from xgrammar.testing import _is_grammar_accept_string as accepts
 
-    required = xgrammar.Grammar.from_ebnf(tool_call_ebnf(["add", "mul"], many=True))
-    named = xgrammar.Grammar.from_ebnf(tool_call_ebnf(["add"], many=False))
-    add = hermes_call_text("add", {"a": -2, "b": 3.5e2, "s": 'say "hi"\n', "l": [1, {}, None, True], "u": "é"})
+    free = {"type": "function", "function": {"name": "note"}}  # no schema: any argument names
+    required = xgrammar.Grammar.from_ebnf(tool_call_ebnf([*TOOLS, MUL, free], many=True))
+    named = xgrammar.Grammar.from_ebnf(tool_call_ebnf(TOOLS, many=False))
+    add = hermes_call_text("add", {"a": -2, "b": 3.5e2})
+    note = hermes_call_text("note", {"s": 'say "hi"\n', "l": [1, {}, None, True], "u": "é"})
     mul = hermes_call_text("mul", {})
-    assert accepts(required, add) and accepts(required, f"{add}\n{mul}") and accepts(named, add)
+    for text in (add, f"{add}\n{mul}", note, f"{note}\n{add}\n{add}", hermes_call_text("add", {"b": "x"})):
+        assert accepts(required, text), text
     for text in ("It is 5.", f"Sure. {add}", hermes_call_text("sub", {}), add + mul, add + "\n",
-                 add.replace(", ", ",")):
+                 add.replace(", ", ","), hermes_call_text("add", {"c": 1}), hermes_call_text("mul", {"a": 1})):
         assert not accepts(required, text), text
-    assert not accepts(named, mul) and not accepts(named, f"{add}\n{add}")
+    assert accepts(named, add) and not accepts(named, mul) and not accepts(named, f"{add}\n{add}")
 
 
 async def test_required_and_a_named_function_are_sent_as_a_grammar(smollm2_tokenizer) -> None:
@@ -41,10 +44,10 @@ async def test_required_and_a_named_function_are_sent_as_a_grammar(smollm2_token
     tools = [*TOOLS, MUL]
     done = await client.chat.completions.create(model="t", messages=MESSAGES, tools=tools, tool_choice="required")
     assert done.choices[0].finish_reason == "tool_calls" and done.choices[0].message.tool_calls[0].function.name == "add"
-    assert engine.samplings[-1].ebnf == tool_call_ebnf(["add", "mul"], many=True)
+    assert engine.samplings[-1].ebnf == tool_call_ebnf(tools, many=True)
     await client.chat.completions.create(model="t", messages=MESSAGES, tools=tools,
                                          tool_choice={"type": "function", "function": {"name": "add"}})
-    assert engine.samplings[-1].ebnf == tool_call_ebnf(["add"], many=False)
+    assert engine.samplings[-1].ebnf == tool_call_ebnf(TOOLS, many=False)
     await client.chat.completions.create(model="t", messages=MESSAGES, tools=tools, tool_choice="required",
                                          extra_body={"regex": "<tool_call>.*"})  # the request's own constraint
     assert engine.samplings[-1].ebnf is None and engine.samplings[-1].regex == "<tool_call>.*"
@@ -53,7 +56,7 @@ async def test_required_and_a_named_function_are_sent_as_a_grammar(smollm2_token
     msg = await ant.messages.create(model="t", max_tokens=64, messages=[{"role": "user", "content": "2+3?"}],
                                     tools=[{"name": "add", "input_schema": TOOLS[0]["function"]["parameters"]}],
                                     tool_choice={"type": "any"})
-    assert msg.stop_reason == "tool_use" and engine.samplings[-1].ebnf == tool_call_ebnf(["add"], many=True)
+    assert msg.stop_reason == "tool_use" and engine.samplings[-1].ebnf == tool_call_ebnf(TOOLS, many=True)
 
 
 async def test_what_cannot_be_honoured_is_refused_with_a_400(smollm2_tokenizer) -> None:
