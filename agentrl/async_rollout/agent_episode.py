@@ -16,20 +16,27 @@ trained once. With at most ``max_branches`` branches kept (the first ``max_branc
 finished on), a child of a dropped branch is compared with its nearest kept ancestor over the prefix all of them
 share (the minimum ``fork_at`` along the way). All branches of an episode carry its reward; each counts as a sample
 of the group (so its GRPO baseline weighs an episode by its branches).
+
+Evaluations (:mod:`agentrl.eval.runner`) use the same runner through :func:`served_agents` (a gateway of their own,
+one branch kept per sample) or, for a model agentrl does not serve, :func:`run_agent_at` (the agent's client
+pointed at that server: its result scored, no tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.async_rollout.config import EpisodeBudget
-from agentrl.engine.base import SamplingParams
+from agentrl.engine.base import InferenceEngine, SamplingParams
 from agentrl.env.agent import AgentEnv, AgentError, AgentOutcome, ClientConfig
+from agentrl.env.tool_parsers import BUILTIN
 from agentrl.errors import AgentRLError, ConfigError, EngineError
-from agentrl.gateway.base import SessionLimits, SessionNotFound
+from agentrl.gateway.base import GatewayConfig, SessionLimits, SessionNotFound
 from agentrl.gateway.local import LocalGateway
 from agentrl.gateway.session import Branch, Session
 from agentrl.tokenizer import ChatTokenizer
@@ -48,12 +55,13 @@ class AgentRunner:
         self.gateway, self.tok, self.budget = gateway, tokenizer, budget
         self.limits = SessionLimits.for_episode(budget, sampling)
 
-    async def episode(self, env: Any, task: Task, *, env_name: str = "", group_id: str = "") -> list[Trajectory]:
+    async def episode(self, env: Any, task: Task, *, env_name: str = "", group_id: str = "",
+                      trajectory_id: str = "") -> list[Trajectory]:
         """Run the agent once on ``task``; its branches as trajectories (see the module docstring). Raises what
         an infrastructure failure raises (:class:`AgentError`, engine errors, :class:`~agentrl.errors.RewardError`)."""
         if not isinstance(env, AgentEnv):
             raise ConfigError(f"the agent runner runs agent environments (@agentrl.agent), got {type(env).__name__}")
-        tid = Trajectory.new_id()
+        tid = trajectory_id or Trajectory.new_id()
         session = self.gateway.store.create({"task": task.id, "group": group_id, "trajectory": tid},
                                             limits=self.limits)
         result, error = await self._run_agent(env, task, session, self._client(session))
@@ -87,20 +95,8 @@ class AgentRunner:
     async def _run_agent(self, env: AgentEnv, task: Task, session: Session,
                          client: ClientConfig) -> tuple[Any, str | None]:
         """The agent's result, or what it raised; the session is closed (its generations aborted) either way."""
-        deadline = asyncio.timeout(env.timeout_s)
         try:
-            async with deadline:
-                return await env.run(task, client), None
-        except TimeoutError:
-            if deadline.expired():
-                raise AgentError(f"agent {env.name!r} did not return within {env.timeout_s:.0f}s (task "
-                                 f"{task.id!r}); raise the environment's timeout_s if it needs longer") from None
-            return None, "TimeoutError: the agent's own timeout"
-        except AgentRLError:
-            raise
-        except Exception as exc:  # the agent broke, often on the model's output: the sample is scored
-            logger.info("agent %s raised on task %s: %r", env.name, task.id, exc)
-            return None, f"{type(exc).__name__}: {exc}"
+            return await _call_agent(env, task, client)
         finally:
             try:
                 await self.gateway.store.close(session.id)
@@ -112,6 +108,68 @@ class AgentRunner:
             return ""
         turn = max(branch.turns, key=lambda t: t.end)
         return _turn_text(self.tok, branch.token_ids[turn.start:turn.end])
+
+
+@contextlib.asynccontextmanager
+async def served_agents(engine: InferenceEngine, tokenizer: ChatTokenizer, sampling: SamplingParams,
+                        budget: EpisodeBudget = EpisodeBudget(), *, model_name: str = "agentrl",
+                        tool_parser: str = BUILTIN) -> AsyncIterator[AgentRunner]:
+    """An :class:`AgentRunner` with a gateway of its own on loopback for the block (an evaluation's; a training
+    run serves one gateway for all its episodes)."""
+    config = GatewayConfig(model_name=model_name, tool_parser=tool_parser)  # max_resumes: the session's limits
+    async with LocalGateway(engine, tokenizer, config) as gateway:
+        yield AgentRunner(gateway, tokenizer, sampling, budget)
+
+
+@dataclass(frozen=True, slots=True)
+class DirectEpisode:
+    """An agent run straight against a model's own OpenAI-compatible server (no gateway): no tokens, no turns
+    seen, nothing posted; what it returned, as text, and its reward."""
+
+    trajectory_id: str
+    text: str
+    reward: float
+    reward_breakdown: dict[str, float]
+    error: str | None = None  # what the agent raised
+    finish_reason: FinishReason = FinishReason.STOP
+    turns: tuple[Turn, ...] = ()
+
+
+async def run_agent_at(env: Any, task: Task, client: ClientConfig, *, trajectory_id: str = "") -> DirectEpisode:
+    """Run the agent once with ``client`` pointing at a model's server directly (evaluating a model agentrl does
+    not serve) and score its result with the environment's reward. Raises ConfigError for an agent whose reward
+    is only what it posts (there is no session to post to), :class:`AgentError` when it does not return within
+    its ``timeout_s``, :class:`RewardError` when the reward could not be computed."""
+    if not isinstance(env, AgentEnv):
+        raise ConfigError(f"run_agent_at runs agent environments (@agentrl.agent), got {type(env).__name__}")
+    if env.reward is None:
+        raise ConfigError(f"agent {env.name!r} is scored only by the reward it posts, and an agent run against a "
+                          "model's own server has no session to post to; give it a reward (reward: math, or a "
+                          "function) to evaluate it there")
+    result, error = await _call_agent(env, task, client)
+    text = _text(result) if result is not None else ""
+    scored = (await env.score(task, AgentOutcome(result, text, error=error))).raise_for_status(
+        f"agent {env.name!r} on task {task.id!r}")
+    breakdown = {k: float(v) for k, v in (scored.details.get("breakdown") or {}).items()}
+    return DirectEpisode(trajectory_id or Trajectory.new_id(), text, scored.score, breakdown, error)
+
+
+async def _call_agent(env: AgentEnv, task: Task, client: ClientConfig) -> tuple[Any, str | None]:
+    """The agent's result, or what it raised (the model's doing: scored); :class:`AgentError` past its time."""
+    deadline = asyncio.timeout(env.timeout_s)
+    try:
+        async with deadline:
+            return await env.run(task, client), None
+    except TimeoutError:
+        if deadline.expired():
+            raise AgentError(f"agent {env.name!r} did not return within {env.timeout_s:.0f}s (task "
+                             f"{task.id!r}); raise the environment's timeout_s if it needs longer") from None
+        return None, "TimeoutError: the agent's own timeout"
+    except AgentRLError:
+        raise
+    except Exception as exc:  # the agent broke, often on the model's output: the sample is scored
+        logger.info("agent %s raised on task %s: %r", env.name, task.id, exc)
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _text(result: Any) -> str:

@@ -140,6 +140,15 @@ class ChatResult:
     latency_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class ChatEndpoint:
+    """Where a chat engine's server is, for a client of its own (an agent evaluated against that model)."""
+
+    base_url: str  # the OpenAI base URL (``…/v1``)
+    api_key: str | None
+    model: str
+
+
 @runtime_checkable
 class ChatEngine(Protocol):
     """A text-level engine: one chat-completions call per model turn (see :mod:`agentrl.engine.openai_chat`)."""

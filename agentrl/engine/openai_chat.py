@@ -28,6 +28,7 @@ from typing import Any, Self
 import aiohttp
 
 from agentrl.engine.base import (
+    ChatEndpoint,
     ChatResult,
     ChatToolCall,
     EngineFinish,
@@ -140,6 +141,10 @@ class OpenAIChatClient:
                     raise EngineError(f"GET {self.base_url}/models lists no model ({str(body)[:200]}); give "
                                       "model.openai_model") from exc
             return self.model
+
+    async def endpoint(self) -> ChatEndpoint:
+        """This server as a client of its own calls it (the model name resolved): for an agent's client."""
+        return ChatEndpoint(self.base_url, self._api_key, await self.model_name())
 
     async def chat(self, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
                    tools: Sequence[Mapping[str, Any]] = ()) -> ChatResult:

@@ -24,7 +24,14 @@ from typing import Any, Protocol, Self
 
 import aiohttp
 
-from agentrl.engine.base import ChatEngine, ChatResult, GenerateResult, InferenceEngine, SamplingParams
+from agentrl.engine.base import (
+    ChatEndpoint,
+    ChatEngine,
+    ChatResult,
+    GenerateResult,
+    InferenceEngine,
+    SamplingParams,
+)
 from agentrl.engine.client import SGLangClient
 from agentrl.engine.openai_chat import OpenAIChatClient
 from agentrl.engine.server import SGLangServer, SGLangServerConfig, wait_healthy
@@ -143,6 +150,14 @@ class LimitedChatEngine:
                    tools: Sequence[Mapping[str, Any]] = ()) -> ChatResult:
         async with self._limit:
             return await self.inner.chat(messages, sampling, tools=tools)
+
+    async def endpoint(self) -> ChatEndpoint:
+        """The inner engine's server (an agent's own calls to it do not count against the limit: the evaluation's
+        ``max_concurrency`` bounds them)."""
+        endpoint = getattr(self.inner, "endpoint", None)
+        if endpoint is None:
+            raise ConfigError(f"{type(self.inner).__name__} has no endpoint an agent could call")
+        return await endpoint()  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         """The lease owns the inner engine; nothing to do."""

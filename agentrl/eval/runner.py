@@ -8,21 +8,31 @@ tokenizer, environment resources). The engine is token-level (an :class:`Inferen
 episodes of :mod:`agentrl.async_rollout.episode`, records with trajectories) or a :class:`ChatEngine`
 (episodes of :mod:`agentrl.async_rollout.chat_episode`, records with ``token_level: false`` and a transcript). A run resumes: samples given in ``completed`` are not run again and count in
 the metrics. It stops early, with the records so far, when ``cancel`` is set.
+
+An agent environment (``@agentrl.agent``) runs the user's agent function instead: on a token-level engine through
+a gateway served for the run (one session per sample; the record's trajectory is the branch the agent ended on,
+all its sampled tokens), on a chat engine (``openai_url``) with the agent's client pointed at that server itself
+(records ``token_level: false``, no transcript: the agent's requests go past agentrl; the response is what the
+agent returned).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agentrl.async_rollout.agent_episode import AgentRunner, DirectEpisode, run_agent_at, served_agents
 from agentrl.async_rollout.chat_episode import ChatEpisode, ChatEpisodeRunner
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
-from agentrl.engine.base import ChatEngine, InferenceEngine, SamplingParams
+from agentrl.engine.base import ChatEndpoint, ChatEngine, InferenceEngine, SamplingParams
+from agentrl.env.agent import ClientConfig
 from agentrl.env.registry import EnvResources, Registry, default_registry
+from agentrl.env.tool_parsers import BUILTIN
 from agentrl.errors import ConfigError, InfrastructureError
 from agentrl.eval.base import (
     EvalResult,
@@ -100,7 +110,7 @@ class _Job:
     task: Task
 
 
-def _scored(job: _Job, episode: Trajectory | ChatEpisode, *, threshold: float, attempts: int,
+def _scored(job: _Job, episode: Trajectory | ChatEpisode | DirectEpisode, *, threshold: float, attempts: int,
             duration_s: float) -> dict[str, Any]:
     """The fields of an ok record that both kinds of episode share (reward, correctness, turns, tool calls)."""
     turns = episode.turns
@@ -134,6 +144,14 @@ def to_chat_record(job: _Job, ep: ChatEpisode, *, threshold: float, attempts: in
         transcript=[dict(m) for m in ep.messages] if keep_transcript else None)
 
 
+def to_agent_record(job: _Job, ep: DirectEpisode, *, threshold: float, attempts: int,
+                    duration_s: float) -> SampleRecord:
+    """The record of an agent run against a chat engine's server: ``token_level`` False, no token counts, the
+    response is what the agent returned."""
+    scored = _scored(job, ep, threshold=threshold, attempts=attempts, duration_s=duration_s)
+    return SampleRecord(**{**scored, "response": ep.text}, token_level=False)
+
+
 def _finite_trajectory(traj: Trajectory) -> dict[str, object]:
     """``Trajectory.to_dict()`` for JSON readers: turns as objects with named fields, NaN/inf as null."""
     d = traj.to_dict()
@@ -162,6 +180,8 @@ class _Run:
         self.records: list[SampleRecord] = []
         self.failed_in_a_row = 0
         self.local = asyncio.Semaphore(plan.max_concurrency)
+        self.agent = registry.get_env(plan.env_name).kind == "agent"
+        self.agents: AgentRunner | None = None  # agent episodes on a token-level engine (set by run_plan)
 
     def _sampling(self, job: _Job) -> SamplingParams:
         p = self.plan
@@ -170,11 +190,19 @@ class _Run:
             seed += job.item_index * p.samples_per_item + job.sample_index
         return replace(p.sampling, seed=seed)
 
-    async def _episode(self, job: _Job) -> Trajectory | ChatEpisode:
+    async def _episode(self, job: _Job) -> Trajectory | ChatEpisode | DirectEpisode:
         env = self.registry.make_env(self.plan.env_name, self.resources, **self.plan.env_options)
         tid = f"{self.id_prefix}{job.item_index}-{job.sample_index}"
         async with env:
             async with asyncio.timeout(self.plan.episode_timeout_s):
+                if self.agents is not None:
+                    return (await self.agents.episode(env, job.task, env_name=self.plan.env_name,
+                                                      group_id=f"{self.id_prefix}{job.item_index}",
+                                                      trajectory_id=tid))[-1]
+                if self.agent:
+                    end = await _endpoint(self.engine)
+                    client = ClientConfig(base_url=end.base_url, api_key=end.api_key or "EMPTY", model=end.model)
+                    return await run_agent_at(env, job.task, client, trajectory_id=tid)
                 if isinstance(self.engine, InferenceEngine):
                     assert self.tok is not None  # checked in __init__
                     return await EpisodeRunner(self.engine, self.tok, self._sampling(job), self.plan.budget).run(
@@ -195,6 +223,9 @@ class _Run:
                 logger.warning("eval sample %s:%s attempt %d failed: %s", job.item_index, job.sample_index,
                                attempts, error)
                 continue
+            if isinstance(episode, DirectEpisode):
+                return to_agent_record(job, episode, threshold=self.plan.correct_threshold, attempts=attempts,
+                                       duration_s=time.monotonic() - t0)
             if isinstance(episode, ChatEpisode):
                 return to_chat_record(job, episode, threshold=self.plan.correct_threshold, attempts=attempts,
                                       duration_s=time.monotonic() - t0, keep_transcript=self.plan.keep_trajectories)
@@ -274,16 +305,23 @@ async def run_plan(plan: EvalPlan, tasks: Sequence[Task], *, engine: InferenceEn
     run = _Run(plan, engine, tokenizer, resources, registry, on_record, limiter, id_prefix, keep_records)
     jobs = [_Job(i, s, task) for i, task in enumerate(tasks) for s in range(plan.samples_per_item)
             if f"{i}:{s}" not in done]
-    work = asyncio.ensure_future(run.all(jobs))
-    waiters = {work} | ({asyncio.ensure_future(cancel.wait())} if cancel is not None else set())
     finished = False
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finished = work.done()
-    finally:
-        for t in waiters:
-            t.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
+    async with contextlib.AsyncExitStack() as stack:
+        if run.agent and isinstance(engine, InferenceEngine) and jobs:
+            assert tokenizer is not None  # checked by _Run
+            # one branch per sample: the one the agent ended on, every token it sampled there
+            run.agents = await stack.enter_async_context(served_agents(
+                engine, tokenizer, plan.sampling, replace(plan.budget, max_branches=1),
+                tool_parser=str(plan.env_options.get("tool_parser", BUILTIN))))
+        work = asyncio.ensure_future(run.all(jobs))
+        waiters = {work} | ({asyncio.ensure_future(cancel.wait())} if cancel is not None else set())
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finished = work.done()
+        finally:
+            for t in waiters:
+                t.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
     if finished:
         work.result()  # re-raise its error
     cancelled = not finished
@@ -291,3 +329,11 @@ async def run_plan(plan: EvalPlan, tasks: Sequence[Task], *, engine: InferenceEn
     metrics = compute_metrics(records, plan.pass_k)
     return EvalResult(status="cancelled" if cancelled else "succeeded", metrics=metrics, records=tuple(records),
                       total=len(tasks) * plan.samples_per_item, wall_time_s=round(time.monotonic() - t0, 3))
+
+
+async def _endpoint(engine: InferenceEngine | ChatEngine) -> ChatEndpoint:
+    endpoint = getattr(engine, "endpoint", None)
+    if endpoint is None:
+        raise ConfigError(f"an agent environment needs its model's address; {type(engine).__name__} has none (an "
+                          "openai_url model's chat client or a served model)")
+    return await endpoint()  # type: ignore[no-any-return]

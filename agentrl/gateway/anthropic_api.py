@@ -39,7 +39,11 @@ class MessagesRequest(BaseModel):
         if any(not isinstance(t.get("name"), str) for t in tools):
             raise MessageError("each tool must have a string name")
         kind = (self.tool_choice or {}).get("type", "auto")
-        choice = {"any": "required", "tool": str((self.tool_choice or {}).get("name", "required"))}.get(kind, kind)
+        choice = {"auto": "auto", "none": "none", "any": "required"}.get(kind) or (
+            (self.tool_choice or {}).get("name") if kind == "tool" else None)
+        if not isinstance(choice, str) or not choice:
+            raise MessageError('tool_choice must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
+                               f'{{"type": "tool", "name": …}}, got {self.tool_choice!r}')
         return ChatCall(messages=from_anthropic(self.system, self.messages), tools=tools_from_anthropic(tools),
                         tool_choice=choice, max_tokens=self.max_tokens,
                         temperature=1.0 if self.temperature is None else self.temperature,

@@ -8,6 +8,9 @@ turn ended otherwise) + the chat template's delta for the tail (``ChatTokenizer.
 checks that the template keeps the history as it was, e.g. does not strip earlier thinking). Anything else is
 rendered in full; the commit then forks at the first token that differs from every stored branch.
 
+``tool_choice`` ``"required"`` or a named function is enforced by a grammar of the builtin ``<tool_call>`` format
+(:mod:`agentrl.gateway.tool_choice`); with another tool parser it is refused (HTTP 400).
+
 SDK retries (``x-stainless-retry-count`` ≥ 1 with the same body) get the first answer again, never a second
 sample (a first attempt that failed is not replayed: the retry generates); cancelling a request (its client
 disconnected) cancels its generation, which the engine client aborts on the server.
@@ -32,6 +35,7 @@ from agentrl.errors import EngineError
 from agentrl.gateway.base import CallOut, ChatCall, Completion, FinishReason, GatewayConfig, SessionLimits
 from agentrl.gateway.messages import prefix_keys
 from agentrl.gateway.session import Sampled, Session, TurnRecord
+from agentrl.gateway.tool_choice import constrain
 from agentrl.tokenizer import ChatTokenizer
 
 logger = logging.getLogger(__name__)
@@ -51,6 +55,7 @@ class Gateway:
         """Answer ``call`` in ``session``. ``key`` identifies the request body: a retry (``retry`` ≥ 1) of a body
         already answered, or still being answered, gets that answer."""
         session.check_open()
+        call = constrain(call, self.config.tool_parser)
         session.requests += 1
         first = session.replies.get(key) if retry and key else None
         if first is not None and not first.cancelled() and not (first.done() and first.exception() is not None):
@@ -125,8 +130,9 @@ class Gateway:
                 return Sampled(ids, logprobs, versions), out.finish, out.matched_stop
             if len(ids) >= budget:
                 return Sampled(ids, logprobs, versions), EngineFinish.LENGTH, None
-            if call.regex or call.ebnf:
-                break  # a grammar cannot be resumed mid-way
+            if call.regex or call.ebnf:  # the grammar's state is lost: sampling on would break the constraint
+                raise EngineError(f"session {session.id}: the engine aborted a constrained (regex/ebnf) generation, "
+                                  "which cannot be resumed mid-way; send the request again")
             logger.debug("session %s: generation aborted by the engine (resume %d)", session.id, attempt + 1)
         raise EngineError(f"session {session.id}: the engine aborted the generation "
                           f"{resumes + 1} times; try again")

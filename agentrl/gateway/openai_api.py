@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.gateway.base import ChatCall, Completion
 from agentrl.gateway.messages import MessageError, from_openai
+from agentrl.gateway.tool_choice import SUPPORTED
 
 
 class ChatCompletionRequest(BaseModel):
@@ -43,9 +44,11 @@ class ChatCompletionRequest(BaseModel):
         for t in tools:
             if not isinstance(t.get("function"), dict) or not t["function"].get("name"):
                 raise MessageError('each tool must be {"type": "function", "function": {"name": ..., ...}}')
-        choice = self.tool_choice or "auto"
+        choice: Any = self.tool_choice or "auto"
         if isinstance(choice, dict):  # {"type": "function", "function": {"name": ...}}
-            choice = str((choice.get("function") or {}).get("name") or "required")
+            choice = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if not isinstance(choice, str) or not choice:
+            raise MessageError(f"tool_choice must be {SUPPORTED}, got {self.tool_choice!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return ChatCall(messages=from_openai(self.messages), tools=tools, tool_choice=choice,
                         max_tokens=self.max_completion_tokens or self.max_tokens,

@@ -53,9 +53,6 @@ def check_run(cfg: RunConfig) -> Path:
     """Everything checkable before a server starts; returns the resolved model folder."""
     load_imports(cfg.imports)
     check_env_options(cfg.env.name, dict(cfg.env.options))
-    if default_registry.get_env(cfg.env.name).kind == "agent" and cfg.data.num_heldout:
-        raise ConfigError(f"data.num_heldout: the held-out evaluation does not run agent environments yet "
-                          f"({cfg.env.name!r} is one); set data.num_heldout: 0")
     check_data(cfg)
     _check_sft_family(cfg)
     check_trackers(cfg.monitor.wandb, cfg.monitor.trackio)

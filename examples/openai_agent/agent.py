@@ -74,12 +74,29 @@ def _run_tool(call: Any) -> str:
 @agentrl.agent("calculator_agent", reward="math", timeout_s=600)
 async def solve(task: agentrl.Task, client: agentrl.ClientConfig) -> str:
     """Arithmetic word problems with a calculator tool (a plain openai client loop)."""
+    return await _solve(task, client)
+
+
+#: the first turn of ``calculator_agent_forced``: a short calculate call (SGLang's regex, through the gateway)
+FORCE_CALCULATE = (r'<tool_call>\n\{"name": "calculate", "arguments": \{"expression": "[1-9][0-9]? [-+*] '
+                   r'[1-9][0-9]?"\}\}\n</tool_call>')
+
+
+@agentrl.agent("calculator_agent_forced", reward="math", timeout_s=600)
+async def solve_forced(task: agentrl.Task, client: agentrl.ClientConfig) -> str:
+    """``solve`` with its first turn constrained to a calculate call: for a model that never calls a tool by
+    itself (the tiny random test model), so that episodes are multi-turn. Not for real training."""
+    return await _solve(task, client, force_first_call=True)
+
+
+async def _solve(task: agentrl.Task, client: agentrl.ClientConfig, *, force_first_call: bool = False) -> str:
     llm = openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, timeout=300, max_retries=2)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.prompt}]
     async with llm:
-        for _ in range(MAX_TURNS):
+        for turn in range(MAX_TURNS):
+            forced = {"extra_body": {"regex": FORCE_CALCULATE}} if force_first_call and turn == 0 else {}
             reply = await llm.chat.completions.create(model=client.model, messages=messages,  # type: ignore[arg-type]
-                                                      tools=TOOLS, max_tokens=256)  # type: ignore[arg-type]
+                                                      tools=TOOLS, max_tokens=256, **forced)  # type: ignore[arg-type]
             msg = reply.choices[0].message
             if not msg.tool_calls:
                 return msg.content or ""

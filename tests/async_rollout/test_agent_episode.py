@@ -14,14 +14,14 @@ import numpy as np
 import openai
 import pytest
 
-from agentrl.async_rollout.agent_episode import AgentRunner, owned_masks
+from agentrl.async_rollout.agent_episode import AgentRunner, branch_trajectories, owned_masks
 from agentrl.async_rollout.config import EpisodeBudget
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.env.agent import AgentEnv, AgentError, ClientConfig, agent_factory
 from agentrl.env.registry import EnvResources, Registry
 from agentrl.errors import EngineError, InfrastructureError
 from agentrl.gateway import GatewayConfig, LocalGateway
-from agentrl.gateway.session import Branch
+from agentrl.gateway.session import Branch, TurnRecord
 from agentrl.rewards import RewardInput, RewardResult
 from agentrl.tokenizer import ChatTokenizer, hermes_call_text
 from agentrl.types import FinishReason, Task
@@ -127,6 +127,43 @@ async def test_budgets_max_turns_and_the_context(served) -> None:
     assert traj.num_tokens <= 200 and traj.finish_reason is FinishReason.LENGTH
 
 
+async def test_a_prompt_that_fills_the_context_gets_an_empty_length_answer(served) -> None:
+    answers: list[Any] = []
+    sessions: list[Any] = []
+
+    async def two_turns(task: Task, client: ClientConfig) -> str:
+        sessions.append(runner.gateway.store.get(client.session_id))
+        async with openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0) as llm:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+            for _ in range(2):
+                answers.append(answer := await llm.chat.completions.create(
+                    model=client.model, messages=messages, tools=TOOLS))  # type: ignore[arg-type]
+                msg = answer.choices[0].message
+                if not msg.tool_calls:
+                    return msg.content or ""
+                (c,) = msg.tool_calls
+                messages += [{"role": "assistant", "content": "", "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": "add", "arguments": c.function.arguments}}]},
+                    {"role": "tool", "tool_call_id": c.id, "content": "5"}]
+        return ""
+
+    call = hermes_call_text("add", {"a": 2, "b": 3})
+    runner, engine = await served([call, "\\boxed{5}"])
+    await runner.episode(_env(two_turns), TASK)
+    second_prompt = len(engine.calls[1][0])  # the context the second request's prompt fills exactly
+    answers.clear()
+    runner, engine = await served([call, "never sampled"], EpisodeBudget(max_context_tokens=second_prompt))
+    [traj] = await runner.episode(_env(two_turns), TASK)
+    assert len(engine.calls) == 1  # the second request generated nothing
+    full = answers[-1]
+    assert full.choices[0].message.content == "" and not full.choices[0].message.tool_calls
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 0
+    assert full.usage.prompt_tokens == second_prompt
+    assert sessions[-1].exhausted == "length" and sessions[-1].generations == 1
+    assert traj.finish_reason is FinishReason.LENGTH and traj.num_tokens == len(engine.calls[0][0]) + len(
+        runner.tok.encode_text(call)) + 1  # the branch ends with the first turn: the empty answer adds no tokens
+
+
 async def test_the_agent_posted_reward_is_added(served) -> None:
     async def posting(task: Task, client: ClientConfig) -> str:
         answer = await tool_agent(task, client)
@@ -173,6 +210,48 @@ def test_owned_masks_train_a_shared_token_once_also_past_a_dropped_branch() -> N
     # the child dropped: the grandchild shares min(fork_at) = 3 tokens with the root
     masks = owned_masks([root, child, grandchild, sibling], {0, 2})
     assert masks == {0: [0, 0, 1, 1, 0, 1], 2: [0, 0, 0, 1, 1]}
+
+
+def _branch(index: int, ids: list[int], mask: list[int], turns: list[tuple[int, int, str]], *,
+            parent: int | None = None, fork_at: int = 0) -> Branch:
+    return Branch(index, token_ids=ids, loss_mask=mask, logprobs=[-0.5 * m for m in mask],
+                  weight_versions=[2 if m else -1 for m in mask], parent=parent, fork_at=fork_at,
+                  turns=[TurnRecord(a, b, reason) for a, b, reason in turns])
+
+
+def test_past_max_branches_the_first_and_the_last_are_kept_and_each_token_trained_once(chat_tokenizer) -> None:
+    branches = [
+        _branch(0, [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 0, 1], [(2, 4, "stop"), (5, 6, "stop")]),
+        _branch(1, [1, 2, 3, 4, 9, 9], [0, 0, 1, 1, 1, 1], [(2, 4, "stop"), (4, 6, "stop")], parent=0, fork_at=4),
+        _branch(2, [1, 2, 3, 8, 8, 7], [0, 0, 1, 1, 1, 1], [(2, 5, "stop"), (5, 6, "stop")], parent=1, fork_at=3),
+        _branch(3, [1, 2, 6, 6], [0, 0, 1, 1], [(2, 4, "length")], parent=0, fork_at=2),
+    ]
+
+    def kept(keep: int, last: int) -> list[Any]:
+        return branch_trajectories(branches, chat_tokenizer, keep=keep, last=last, trajectory_id="t", task=TASK,
+                                   group_id="g", env="calc", reward=1.0, breakdown={"calc": 1.0},
+                                   finish=FinishReason.MAX_TURNS, metadata={})
+
+    first, last = kept(2, 2)
+    assert [t.metadata["branch"] for t in (first, last)] == [0, 2] and first.metadata["branches_dropped"] == 2
+    assert [t.trajectory_id for t in (first, last)] == ["t-0", "t-2"]
+    assert first.loss_mask.tolist() == [0, 0, 1, 1, 0, 1]
+    assert last.loss_mask.tolist() == [0, 0, 0, 1, 1, 1]  # token 2 is the root's; 3.. were sampled past the fork
+    assert last.finish_reason is FinishReason.MAX_TURNS and first.finish_reason is FinishReason.STOP
+    # only the mask changes where the root owns a token: the branch keeps its logprobs
+    assert last.behavior_logprobs.tolist() == [0, 0, -0.5, -0.5, -0.5, -0.5]
+
+    trajs = kept(3, 3)  # the first keep - 1 = 2 and the last
+    assert [t.metadata["branch"] for t in trajs] == [0, 1, 3]
+    assert [t.loss_mask.tolist() for t in trajs] == [[0, 0, 1, 1, 0, 1], [0, 0, 0, 0, 1, 1], [0, 0, 1, 1]]
+    assert trajs[-1].finish_reason is FinishReason.MAX_TURNS
+    # every (position, token) of a shared prefix is trained in one kept trajectory only
+    for a in range(len(trajs)):
+        for b in range(a + 1, len(trajs)):
+            x, y = trajs[a], trajs[b]
+            n = next((i for i, (p, q) in enumerate(zip(x.token_ids, y.token_ids)) if p != q),
+                     min(x.num_tokens, y.num_tokens))
+            assert not any(x.loss_mask[:n] & y.loss_mask[:n]), (x.metadata["branch"], y.metadata["branch"])
 
 
 async def test_what_the_agent_failing_becomes(served) -> None:

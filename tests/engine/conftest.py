@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -18,11 +20,14 @@ class Misbehaving:
     def __init__(self) -> None:
         self.mode = "stall"
         self.hits: list[str] = []
+        self.bodies: list[Any] = []  # the JSON body of each hit (None if it had none)
         self.connections: dict[int, list] = {}  # id(transport) -> [transport (kept: ids stay unique), requests]
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        self.bodies.append(json.loads(raw) if raw else None)
         self.hits.append(request.path)
         if self.mode == "503":
             return web.Response(status=503, text="busy")

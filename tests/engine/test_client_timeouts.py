@@ -83,6 +83,21 @@ async def test_timed_out_generate_is_aborted_on_the_server(misbehaving):
     assert misbehaving.hits[:2] == ["/generate", "/abort_request"]
 
 
+async def test_a_cancelled_generate_is_aborted_on_the_server_with_its_rid(misbehaving):
+    # what the gateway relies on when an agent's client disconnects: cancelling the call aborts that request
+    async with SGLangClient(misbehaving.url, retry=Retry(attempts=1)) as c:
+        call = asyncio.ensure_future(c.generate([1, 2], SamplingParams(max_new_tokens=4)))
+        await misbehaving.arrival("/generate")
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        misbehaving.mode = "503"  # let the abort be answered quickly
+        await misbehaving.arrival("/abort_request")  # sent in the background
+    assert misbehaving.hits[:2] == ["/generate", "/abort_request"]
+    generated, aborted = misbehaving.bodies[:2]
+    assert aborted == {"rid": generated["rid"]} and len(generated["rid"]) == 32
+
+
 async def test_bad_pause_mode_is_refused_before_any_request(misbehaving):
     async with SGLangClient(misbehaving.url) as c:
         with pytest.raises(EngineError, match="pause mode must be one of"):

@@ -21,12 +21,14 @@ class ScriptedEngine:
     def __init__(self, tok: ChatTokenizer, replies: Sequence[str | tuple[str, str]], *, delay_s: float = 0.0):
         self.tok, self.replies, self.delay_s = tok, list(replies), delay_s
         self.prompts: list[list[int]] = []
+        self.samplings: list[SamplingParams] = []
         self.cancelled = 0
         self._n = 0
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *,
                        sticky_key: str | None = None) -> GenerateResult:
         self.prompts.append(list(input_ids))
+        self.samplings.append(sampling)
         reply = self.replies.pop(0)
         try:
             await asyncio.sleep(self.delay_s)

@@ -138,3 +138,18 @@ async def test_control_routes_need_the_token_when_one_is_set(smollm2_tokenizer) 
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
     assert (await http.post("/sessions")).status_code == 401
     assert (await http.post("/sessions", headers={"Authorization": "Bearer s3cret"})).status_code == 200
+
+
+async def test_an_sdk_retry_over_http_is_replayed_not_sampled_again(smollm2_tokenizer) -> None:
+    http, store, engine = _serve(smollm2_tokenizer, ["one", "two"])
+    created = (await http.post("/sessions")).json()
+    url = f"/sessions/{created['id']}/v1/chat/completions"
+    body = {"model": "tiny", "messages": MESSAGES}
+    first = (await http.post(url, json=body)).json()
+    retried = (await http.post(url, json=body, headers={"x-stainless-retry-count": "1"})).json()
+    assert first["choices"][0]["message"]["content"] == "one"
+    assert (retried["choices"], retried["usage"]) == (first["choices"], first["usage"])
+    assert len(engine.prompts) == 1 and store.get(created["id"]).replayed == 1
+    again = (await http.post(url, json=body)).json()  # the same body without the header: a new sample
+    assert again["choices"][0]["message"]["content"] == "two" and len(engine.prompts) == 2
+    assert len(store.get(created["id"]).branches) == 2  # two samples of one prompt: a fork after the prompt

@@ -10,6 +10,7 @@ import json
 import pytest
 from gateway_support import ScriptedEngine
 
+from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.errors import EngineError
 from agentrl.gateway import ChatCall, Gateway, GatewayConfig, SessionStore
 from agentrl.gateway.core import assistant_message
@@ -221,3 +222,59 @@ async def test_an_unreadable_tool_call_returns_the_text_marked_ill_formed(smollm
     assert unknown.ill_formed  # a tool the request did not offer
     good = await gw.complete(session, ChatCall(messages=[SYSTEM, USER], tools=TOOLS))
     assert good.content == "Sure." and good.tool_calls[0].arguments == {"a": 2, "b": 3}
+
+
+class PartsEngine:
+    """Answers with the next ``(text, finish, version)``: ABORT parts are what a weight update cut off (no EOS),
+    STOP parts end with EOS; logprobs numbered -0.01·(k+1) over all tokens sent; records prompts and budgets."""
+
+    def __init__(self, tok: ChatTokenizer, parts: list[tuple[str, EngineFinish, int]]) -> None:
+        self.tok, self.parts = tok, list(parts)
+        self.calls: list[tuple[list[int], SamplingParams]] = []
+        self._n = 0
+
+    async def generate(self, input_ids, sampling: SamplingParams, *, sticky_key=None) -> GenerateResult:
+        self.calls.append((list(input_ids), sampling))
+        text, finish, version = self.parts.pop(0)
+        ids = self.tok.encode_text(text) + ([self.tok.eos_token_id] if finish is EngineFinish.STOP else [])
+        logprobs = [-0.01 * (self._n + k + 1) for k in range(len(ids))]
+        self._n += len(ids)
+        return GenerateResult(ids, logprobs, [version] * len(ids), finish,
+                              matched_stop=self.tok.eos_token_id if finish is EngineFinish.STOP else None)
+
+
+async def test_a_generation_the_engine_aborted_is_resumed_into_one_turn(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    head, tail = CALL[:17], CALL[17:]  # a weight update (v3 -> v4) cut the tool call in two
+    engine = PartsEngine(tok, [(head, EngineFinish.ABORT, 3), (tail, EngineFinish.STOP, 4)])
+    gw, store = Gateway(engine, tok, GatewayConfig(max_tokens=200)), SessionStore()
+    session = store.create()
+    done = await gw.complete(session, ChatCall(messages=[SYSTEM, USER], tools=TOOLS))
+    assert done.finish_reason == "tool_calls" and done.tool_calls[0].arguments == {"a": 2, "b": 3}
+    (first, s1), (second, s2) = engine.calls
+    part1, part2 = tok.encode_text(head), tok.encode_text(tail) + [tok.eos_token_id]
+    assert second == first + part1 and s2.max_new_tokens == s1.max_new_tokens - len(part1) == 200 - len(part1)
+    (branch,) = session.branches
+    assert len(branch.turns) == 1 and done.completion_tokens == len(part1) + len(part2)
+    assert branch.token_ids == first + part1 + part2
+    assert branch.loss_mask == [0] * len(first) + [1] * (len(part1) + len(part2))
+    n = len(part1) + len(part2)
+    assert branch.logprobs[len(first):] == [-0.01 * (k + 1) for k in range(n)]
+    assert branch.weight_versions[len(first):] == [3] * len(part1) + [4] * len(part2)
+
+
+async def test_an_aborted_generation_is_resumed_as_often_as_allowed_but_never_a_grammar(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    aborted = [("The", EngineFinish.ABORT, 3)] * 2
+    gw, store = Gateway(PartsEngine(tok, aborted), tok, GatewayConfig(max_resumes=1)), SessionStore()
+    session = store.create()
+    with pytest.raises(EngineError, match="aborted the generation 2 times"):
+        await gw.complete(session, ChatCall(messages=[SYSTEM, USER]))
+    assert session.branches == [] and len(session.engine_errors) == 1
+
+    engine = PartsEngine(tok, [("ab", EngineFinish.ABORT, 3), ("ab", EngineFinish.STOP, 4)])
+    gw, store = Gateway(engine, tok, GatewayConfig()), SessionStore()
+    session = store.create()
+    with pytest.raises(EngineError, match="constrained .* cannot be resumed"):
+        await gw.complete(session, ChatCall(messages=[SYSTEM, USER], regex="(ab)+"))
+    assert len(engine.calls) == 1 and session.branches == []

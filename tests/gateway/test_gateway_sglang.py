@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import anthropic
@@ -14,6 +15,8 @@ import httpx
 import openai
 import pytest
 from gateway_support import Served, check_branch
+
+from agentrl.tokenizer import ChatTokenizer
 
 pytestmark = pytest.mark.sglang
 
@@ -24,7 +27,8 @@ MESSAGES = [{"role": "system", "content": "Use the tools."}, {"role": "user", "c
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_openai_client_multi_turn_tool_calls_make_one_exact_branch(gateway: Served, stream: bool) -> None:
+async def test_openai_client_multi_turn_tool_calls_make_one_exact_branch(gateway: Served, stream: bool,
+                                                                        chat_tokenizer: ChatTokenizer) -> None:
     async with httpx.AsyncClient(timeout=120) as http:
         created = (await http.post(f"{gateway.url}/sessions")).json()
         client = openai.AsyncOpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
@@ -44,11 +48,13 @@ async def test_openai_client_multi_turn_tool_calls_make_one_exact_branch(gateway
                 call_id, name, arguments = call.id, call.function.name, call.function.arguments
             assert finish == ["tool_calls"] and name == "add" and call_id.startswith("call_")
             args = json.loads(arguments)
-            assert set(args) == {"a", "b"}
+            assert args == _sampled_call(chat_tokenizer, gateway)  # the arguments are what the model sampled
             messages += [{"role": "assistant", "content": None, "tool_calls": [
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
                 {"role": "tool", "tool_call_id": call_id, "content": str(args["a"] + args["b"])}]
         final = await client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=8)
+        sent = [m["tool_calls"][0] for m in gateway.requests[-1]["messages"] if m.get("tool_calls")]
+        assert [c["id"] for c in sent] == [m["tool_call_id"] for m in messages if m["role"] == "tool"]
         assert final.usage.completion_tokens == len(gateway.generations()[-1]["output_ids"])
         await http.post(f"{created['base_url'][:-3]}/reward", json={"reward": 0.5, "finished": True})
         out = (await http.post(f"{created['base_url'][:-3]}/finalize")).json()
@@ -58,7 +64,7 @@ async def test_openai_client_multi_turn_tool_calls_make_one_exact_branch(gateway
     check_branch(branch, gateway.generations())
 
 
-async def test_anthropic_client_tool_use_round_trip(gateway: Served) -> None:
+async def test_anthropic_client_tool_use_round_trip(gateway: Served, chat_tokenizer: ChatTokenizer) -> None:
     async with httpx.AsyncClient(timeout=120) as http:
         created = (await http.post(f"{gateway.url}/sessions")).json()
     client = anthropic.AsyncAnthropic(base_url=created["anthropic_base_url"], api_key=created["api_key"],
@@ -70,29 +76,96 @@ async def test_anthropic_client_tool_use_round_trip(gateway: Served) -> None:
         first = await s.get_final_message()
     use = first.content[-1]
     assert first.stop_reason == "tool_use" and use.type == "tool_use" and use.name == "add"
-    assert use.id.startswith("toolu_") and set(use.input) == {"a", "b"}
+    assert use.id.startswith("toolu_") and use.input == _sampled_call(chat_tokenizer, gateway)
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]}]
     second = await client.messages.create(model="tiny", max_tokens=8, system="Use the tools.", messages=messages,
                                           tools=tools)
     assert second.stop_reason in ("end_turn", "max_tokens")
+    # the toolu_ id came back on both blocks as the client received it
+    sent = gateway.requests[-1]["messages"]
+    assert [b["id"] for b in sent[1]["content"] if b["type"] == "tool_use"] == [use.id]
+    assert sent[2]["content"][0]["tool_use_id"] == use.id
     session = gateway.store.get(created["id"])
     assert len(session.branches) == 1 and session.branches[0].turns[1].bridged
-    check_branch(session.branches[0].to_json(), gateway.generations())
+    async with httpx.AsyncClient(timeout=30) as http:
+        posted = await http.post(f"{created['anthropic_base_url']}/reward", json={"reward": 0.25, "finished": True,
+                                                                                   "metrics": {"calls": 1.0}})
+        assert posted.json() == {"id": created["id"], "reward": 0.25, "finished": True}
+        out = (await http.post(f"{created['anthropic_base_url']}/finalize")).json()
+    assert out["reward"] == 0.25 and out["finished"] and out["metrics"] == {"calls": 1.0}
+    assert len(out["branches"]) == 1
+    check_branch(out["branches"][0], gateway.generations())
 
 
-async def test_a_client_that_disconnects_aborts_its_generation(gateway: Served) -> None:
+@pytest.mark.parametrize("choice", ["required", "named"])
+async def test_tool_choice_is_enforced_by_the_grammar(gateway: Served, chat_tokenizer: ChatTokenizer,
+                                                      choice: str) -> None:
+    # tools without arguments: the grammar leaves the random model no free text, so its calls always close
+    # (with arguments, it may write one string value for ever)
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+             for n in ("now", "mul")]
+    tool_choice: Any = "required" if choice == "required" else {"type": "function", "function": {"name": "mul"}}
     async with httpx.AsyncClient(timeout=120) as http:
         created = (await http.post(f"{gateway.url}/sessions")).json()
-        with pytest.raises(httpx.ReadTimeout):
-            await http.post(f"{created['base_url']}/chat/completions", timeout=0.5, json={
-                "model": "tiny", "messages": MESSAGES, "max_tokens": 4000, "regex": "(ab){2000}"})
+    client = openai.AsyncOpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
+    done = await client.chat.completions.create(model="tiny", messages=MESSAGES, tools=tools,
+                                                tool_choice=tool_choice, max_tokens=200)
+    sampled = chat_tokenizer.decode(gateway.generations()[-1]["output_ids"])
+    blocks = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", sampled)
+    assert blocks and sampled.startswith("<tool_call>\n"), sampled
+    assert all(json.loads(b)["name"] in ("now", "mul") and json.loads(b)["arguments"] == {} for b in blocks)
+    if choice == "named":  # exactly one call of that function, then the end of the turn
+        assert done.choices[0].finish_reason == "tool_calls", sampled
+        assert [(c.function.name, c.function.arguments) for c in done.choices[0].message.tool_calls] == [("mul", "{}")]
+    elif done.choices[0].finish_reason == "tool_calls":  # required: one or more calls (it may chain them past 200)
+        assert [c.function.name for c in done.choices[0].message.tool_calls] == [json.loads(b)["name"] for b in blocks]
+    else:
+        assert done.choices[0].finish_reason == "length", sampled
+
+
+async def test_a_client_that_disconnects_aborts_its_generation(gateway: Served, sglang_url: str) -> None:
+    async with httpx.AsyncClient(timeout=120) as http:
+        created = (await http.post(f"{gateway.url}/sessions")).json()
+        # up to 8000 free tokens of the random model (EOS is rare), ~80 s here: far longer than the wait
+        # below, so only an abort ends it in time (the gateway's engine client aborts the rid, tested in
+        # tests/engine/test_client_timeouts.py; SGLang also stops a request whose HTTP connection closed)
+        request = asyncio.ensure_future(http.post(f"{created['base_url']}/chat/completions", json={
+            "model": "tiny", "messages": MESSAGES, "max_tokens": 8000}))
+        await _until(lambda n: n > 0, http, sglang_url, "the generation never started on SGLang")
+        request.cancel()  # the client goes away mid-generation
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await _until(lambda n: n == 0, http, sglang_url, "SGLang still runs the request the client abandoned",
+                     deadline_s=10)
         session = gateway.store.get(created["id"])
-        for _ in range(100):
-            if not session.inflight:
-                break
-            await asyncio.sleep(0.05)
-        assert not session.inflight and session.branches == []  # cancelled, nothing committed
+        async with asyncio.timeout(10):
+            while session.inflight:
+                await asyncio.sleep(0.05)
+        assert session.branches == []  # cancelled, nothing committed
         ok = await http.post(f"{created['base_url']}/chat/completions",
                              json={"model": "tiny", "messages": MESSAGES, "max_tokens": 4})
         assert ok.status_code == 200 and len(session.branches) == 1
+
+
+async def _until(ok: Any, http: httpx.AsyncClient, sglang_url: str, what: str, *, deadline_s: float = 60) -> None:
+    """Poll SGLang's load (``GET /v1/loads``: running + waiting requests) until ``ok(count)``, or fail saying
+    ``what`` after ``deadline_s``."""
+    count = -1
+    try:
+        async with asyncio.timeout(deadline_s):
+            while True:
+                core = (await http.get(f"{sglang_url}/v1/loads", params={"include": "core"})).json()["loads"][0]
+                count = core["num_running_reqs"] + core["num_waiting_reqs"]
+                if ok(count):
+                    return
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"{what} (requests running or waiting: {count}, after {deadline_s:g}s)")
+
+def _sampled_call(tok: ChatTokenizer, gateway: Served) -> dict[str, Any]:
+    """The arguments of the <tool_call> the model sampled in the latest generation."""
+    sampled = tok.decode(gateway.generations()[-1]["output_ids"])
+    forced = re.match(r"<tool_call>\n(.*)\n</tool_call>", sampled)
+    assert forced, f"the model sampled no <tool_call>: {sampled!r}"
+    return json.loads(forced.group(1))["arguments"]
