@@ -25,6 +25,7 @@
     │   ├── AgentError             env.agent: an agent made no chat request or did not return in its time limit
     │   ├── ContinuityError        gateway.base: a session branch's tokens stopped being the engine's (a bug)
     │   ├── TrainerError           the trainer process failed
+    │   ├── RolloutDiedError       launcher.placement: the rollout process died mid-run (continue with --resume)
     │   ├── WeightSyncError        weight_sync: a broadcast of weights to the servers failed (a peer did not join
     │   │                          or receive in time, a server refused a bucket); retried, then disk
     │   └── TooManyErrors          eval.runner: an evaluation's samples kept failing in a row

@@ -22,11 +22,15 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import TrainerError
+from agentrl.errors import InfrastructureError, TrainerError
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.resources import pin_to_cores
 
 logger = logging.getLogger(__name__)
+
+
+class RolloutDiedError(InfrastructureError):
+    """The rollout process (its Ray actor) died mid-run: the run stops, to be continued with ``--resume``."""
 
 
 async def place(cfg: RunConfig, run_dir: Path, redis_url: str, stack: AsyncExitStack) -> tuple[Any, Any]:
@@ -50,14 +54,27 @@ async def place(cfg: RunConfig, run_dir: Path, redis_url: str, stack: AsyncExitS
 
 
 class RayActor:
-    """A Ray actor called like the object it runs: ``await actor.run(n)`` is ``await handle.run.remote(n)``."""
+    """A Ray actor called like the object it runs: ``await actor.run(n)`` is ``await handle.run.remote(n)``. An
+    actor that died (its process killed, its node lost) raises :class:`RolloutDiedError`, which says how to go on."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.handle, name)
-        return lambda *args, **kwargs: method.remote(*args, **kwargs)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            import ray
+
+            try:
+                return await method.remote(*args, **kwargs)
+            except ray.exceptions.RayActorError as exc:
+                raise RolloutDiedError(
+                    f"the rollout process died during {name}() ({type(exc).__name__}); the run stops here. Nothing "
+                    "is lost: trajectories already queued stay in Redis and the trainer's checkpoints are on disk; "
+                    "continue the run with the same command and --resume") from exc
+
+        return call
 
 
 class TrainerThread:
@@ -160,6 +177,7 @@ def _actor_classes() -> tuple[Any, Any]:
     class RolloutActor(RolloutWorker):
         def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str) -> None:
             _log_to(Path(run_dir) / "logs" / "rollout.log")
+            (Path(run_dir) / "logs" / "rollout.pid").write_text(str(os.getpid()))
             super().__init__(cfg, run_dir, redis_url)
 
         def pid(self) -> int:
