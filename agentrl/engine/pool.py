@@ -91,9 +91,11 @@ class EnginePool:
 
     def __init__(self, members: Sequence[ManagedServer | str], *, config: PoolConfig = PoolConfig(),
                  client_factory: Callable[[str], SGLangClient] = SGLangClient,
-                 on_restart: Callable[[Any], None] | None = None) -> None:
+                 on_restart: Callable[[Any], None] | None = None, router: str | None = None) -> None:
         """``members``: servers agentrl started (restarted on a crash) or URLs of servers it did not start.
-        ``on_restart(server)`` is called after each restart of a server process (e.g. to record its new pid)."""
+        ``on_restart(server)`` is called after each restart of a server process (e.g. to record its new pid).
+        ``router``: the URL of an sglang-router in front of the members: generation goes through it (its policy
+        routes), falling back to the pool's own sticky routing while it does not answer; control is the pool's."""
         if not members:
             raise EngineError("an EnginePool needs at least one server (an SGLangServer or a URL)")
         self.config = config
@@ -111,6 +113,8 @@ class EnginePool:
         self._closing = False
         self._health: asyncio.Task[None] | None = None
         self._on_restart = on_restart
+        self._router = client_factory(router) if router else None
+        self._router_up = True
 
     def start(self) -> Self:
         """Start the health loop (idempotent)."""
@@ -133,6 +137,13 @@ class EnginePool:
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *,
                        sticky_key: str | None = None) -> GenerateResult:
+        if self._router is not None and self._router_up:
+            try:
+                return await self._router.generate(input_ids, sampling)
+            except EngineUnavailable as exc:  # the router is gone: route ourselves until it answers again
+                self._router_up = False
+                logger.error("sglang-router %s does not answer (%s); routing to the servers directly until it does",
+                             self._router.url, exc)
         member = await self._pick(sticky_key)
         member.inflight += 1
         member.requests += 1
@@ -251,6 +262,10 @@ class EnginePool:
     async def _health_loop(self) -> None:
         while True:
             await asyncio.gather(*(self._check(m) for m in self._members))
+            if self._router is not None and not self._router_up and await self._router.health(
+                    self.config.health_timeout_s):
+                self._router_up = True
+                logger.info("sglang-router %s answers again; generation goes through it", self._router.url)
             await asyncio.sleep(self.config.health_interval_s)
 
     async def _check(self, member: _Member) -> None:
@@ -359,6 +374,8 @@ class EnginePool:
             task.cancel()
         await asyncio.gather(*self._tasks, *([self._health] if self._health else []), return_exceptions=True)
         self._health = None
+        if self._router is not None:
+            await self._router.aclose()
         for m in self._members:
             await m.client.aclose()
             if m.server is not None:

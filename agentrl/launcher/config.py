@@ -110,6 +110,10 @@ class EngineSection(_Composed):
     url: str | None = None  # one URL, or several separated by commas (a pool of running servers)
     num_servers: int = Field(1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
     record_requests: bool = False  # debug: every generate call → runs/<name>/engine_requests.jsonl
+    # an sglang-router in front of the servers: generation takes its policy's route (cache_aware: where the prefix
+    # is cached), control goes to each server; off: the pool's own sticky routing (an episode on one server)
+    router: bool = False
+    router_policy: Literal["cache_aware", "round_robin", "random", "power_of_two"] = "cache_aware"
     server: SGLangServerConfig = SGLangServerConfig()
     pool: PoolConfig = PoolConfig()
     timeouts: Timeouts = Timeouts()

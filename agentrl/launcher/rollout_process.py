@@ -19,6 +19,7 @@ from agentrl.async_rollout import EpisodeRunner, RolloutScheduler, SkipSolved
 from agentrl.async_rollout.agent_episode import AgentRunner
 from agentrl.engine import EnginePool, SGLangClient, SGLangServer, pool_configs
 from agentrl.engine.recording import RecordingEngine
+from agentrl.engine.router import SGLangRouter
 from agentrl.engine.weight_sync import Broadcast
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources, load_imports
@@ -117,7 +118,16 @@ class RolloutWorker:
         """``members`` (servers started here, or URLs) behind one pool, with ``engine:``'s pool settings and client
         deadlines."""
         e = self.cfg.engine
-        return EnginePool(members, config=e.pool, client_factory=partial(SGLangClient, timeouts=e.timeouts))
+        router = None
+        if e.router:  # sglang-router in front: generation through its policy, control to each server directly
+            urls = [m if isinstance(m, str) else m.url for m in members]
+            proc = SGLangRouter(urls, policy=e.router_policy, python=e.server.python,
+                                log_path=self.run_dir / "logs" / "sglang-router.log").start()
+            self._stack.callback(proc.stop)
+            record_process(self.run_dir, proc.name, proc.pid or 0)
+            router = proc.url
+        return EnginePool(members, config=e.pool, client_factory=partial(SGLangClient, timeouts=e.timeouts),
+                          router=router)
 
     async def _start_servers(self, model: Path) -> list[SGLangServer]:
         """``engine.num_servers`` SGLang servers, started side by side (on GPU each on its own devices)."""
