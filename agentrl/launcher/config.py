@@ -186,18 +186,34 @@ class SFTSection(_Section):
 class ResourcesSection(_Section):
     """Where the parts run. A local Ray cluster by default (no dashboard, no auth token files); ``ray_address``
     joins an existing cluster. ``*_cores`` pin processes to CPU cores (each side gets its own, as on a cluster).
-    ``ray: false`` is debug mode (``agentrl train --debug``): everything in the controller's process, no Ray
-    (:mod:`agentrl.launcher.placement`)."""
+    ``trainer_resources`` / ``rollout_resources``: custom Ray resources each trainer rank / the rollout actor asks
+    for (``.options(resources=...)``), which put each side on the nodes that offer them, e.g. ``{"trainer_node":
+    1}`` with ``ray start --resources '{"trainer_node": 2}'`` on the trainer's node; a local cluster is started
+    with what they ask for. ``ray: false`` is debug mode (``agentrl train --debug``): everything in the
+    controller's process, no Ray (:mod:`agentrl.launcher.placement`)."""
 
     ray: bool = True
     ray_address: str | None = None
     trainer_world_size: int = Field(1, ge=1)
     trainer_num_cpus: float = Field(1.0, gt=0)
     trainer_num_gpus: float = Field(0.0, ge=0)
+    trainer_resources: dict[str, float] = Field(default_factory=dict)  # per rank; {}: any node
     rollout_num_cpus: float = Field(1.0, gt=0)
+    rollout_resources: dict[str, float] = Field(default_factory=dict)  # {}: any node
     rollout_cores: list[int] | None = None
     trainer_cores: list[int] | None = None
     max_trainer_restarts: int = Field(2, ge=0)
+
+    @field_validator("trainer_resources", "rollout_resources")
+    @classmethod
+    def _custom_resources_only(cls, value: dict[str, float]) -> dict[str, float]:
+        builtin = sorted(set(value) & {"CPU", "GPU", "memory", "object_store_memory"})
+        if builtin:
+            raise ValueError(f"{', '.join(builtin)}: set these with *_num_cpus / *_num_gpus; these mappings hold "
+                             "custom Ray resources only")
+        if any(v <= 0 for v in value.values()):
+            raise ValueError(f"every amount must be > 0, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _debug_mode_is_one_process(self) -> ResourcesSection:
@@ -206,7 +222,19 @@ class ResourcesSection(_Section):
                              f"{self.trainer_world_size}")
         if not self.ray and self.ray_address:
             raise ValueError("ray_address joins a Ray cluster; debug mode (ray: false) uses none")
+        if not self.ray and (self.trainer_resources or self.rollout_resources):
+            raise ValueError("trainer_resources / rollout_resources place Ray actors; debug mode (ray: false) "
+                             "starts none")
         return self
+
+    def local_cluster_resources(self) -> dict[str, float]:
+        """The custom resources a local cluster must offer so every actor of the run can be placed."""
+        need: dict[str, float] = {}
+        for name, amount in self.trainer_resources.items():
+            need[name] = need.get(name, 0.0) + amount * self.trainer_world_size
+        for name, amount in self.rollout_resources.items():
+            need[name] = need.get(name, 0.0) + amount
+        return need
 
 
 class MonitorSection(_Section):

@@ -7,9 +7,16 @@
        └─ RolloutActor (SGLang server, sandbox, rewards, RolloutScheduler) ─── trajectories ──┘
 
 Data never passes through the controller: trajectories go rollout → Redis → trainer, weights go trainer →
-``weights/v<N>/`` → SGLang. It only starts things, waits on them, collects small summaries and writes the report.
-Every process started is stopped at the end, also on Ctrl-C or an error (Ray actors with ``ray.kill``; the
-SGLang process groups they started from ``logs/processes.jsonl``).
+``weights/v<N>/`` → SGLang (or, with ``weight_sync: distributed``, by broadcast). It only starts things, waits on
+them, collects small summaries and writes the report. Every process started is stopped at the end, also on Ctrl-C
+or an error (Ray actors with ``ray.kill``; the SGLang process groups they started from the rollout node's
+``logs/processes.jsonl``, by a task on that node: :mod:`agentrl.launcher.ledger`).
+
+Files: the controller shares the run directory with the trainer's ranks (it writes ``sft_traces.jsonl`` for
+them, reads rank 0's ``metrics.jsonl`` and, for ``--resume``, their ``checkpoints/``, which every rank writes a
+shard of): the trainer's node, or a volume shared by the trainer's nodes. The rollout side shares no directory
+with either: what the controller needs from it comes back from its methods (Ray calls), and the held-out records
+are written here (``eval_<label>.jsonl``).
 """
 
 from __future__ import annotations
@@ -17,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -27,7 +32,7 @@ from typing import Any
 from agentrl.hardware import engine_dtype, resolve_dtype
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.monitor import RunMonitor
-from agentrl.launcher.placement import place
+from agentrl.launcher.placement import nodes, place
 from agentrl.launcher.preflight import check_run
 from agentrl.launcher.resources import sft_traces_file
 from agentrl.launcher.rundir import ResumePoint, claim_run_dir
@@ -51,20 +56,6 @@ async def _first(coro: Any, trainers: Any) -> Any:
     finally:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
-
-
-def _kill_recorded(run_dir: Path) -> None:
-    path = run_dir / "logs" / "processes.jsonl"
-    if not path.exists():
-        return
-    for line in path.read_text().splitlines():
-        pid = json.loads(line)["pid"]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            time.sleep(0.5)
 
 
 def resolve_precision(cfg: RunConfig) -> RunConfig:
@@ -123,7 +114,6 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         sft_data = sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
     evals = _saved_evals(run_dir) if point is not None else {}
     async with AsyncExitStack() as stack:
-        stack.callback(_kill_recorded, run_dir)
         redis = await connect_redis(cfg.redis.url, run_dir / "redis")
         stack.push_async_callback(redis.aclose)
         carried = await _rewind(cfg, redis.client, point) if point is not None else 0
@@ -140,12 +130,12 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         stack.callback(follow.cancel)
         heldout = cfg.data.num_heldout > 0
         if heldout and cfg.sft.enabled and "before" not in evals:
-            evals["before"] = await _first(rollout.evaluate_heldout("before"), trainers)
+            evals["before"] = await _first(_evaluate(rollout, "before", run_dir), trainers)
             _save_evals(run_dir, evals)
         if (heldout and "sft" not in evals) or point is None or point.version == 0:
             await _first(rollout.load_version(0), trainers)
         if heldout and "sft" not in evals:
-            evals["sft"] = await _first(rollout.evaluate_heldout("sft"), trainers)
+            evals["sft"] = await _first(_evaluate(rollout, "sft", run_dir), trainers)
             _save_evals(run_dir, evals)
         start_version = point.version if point is not None else 0
         if start_version > 0:  # the resumed trainer re-publishes it (re-exported if it was pruned)
@@ -158,7 +148,7 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         await trainers.wait()
         rl_wall_s = time.monotonic() - t_rl
         if heldout:
-            evals["after"] = await rollout.evaluate_heldout("after")
+            evals["after"] = await _evaluate(rollout, "after", run_dir)
             _save_evals(run_dir, evals)
         served = await rollout.weight_version()
         left = await rollout.queue_length()
@@ -168,6 +158,7 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
                             wall_time_s=time.monotonic() - t_start,
                             resumed_from_step=point.step if point is not None else None, carried_in=carried)
         summary["metrics_url"] = monitor.metrics_url
+        summary["nodes"] = await nodes(rollout, trainers)
         if sft_data is not None:
             summary["sft_data"] = sft_data.as_dict()  # traces, tokens, truncated (never dropped)
         summary["rl_wall_s"] = round(rl_wall_s, 2)
@@ -195,6 +186,15 @@ async def _rewind(cfg: RunConfig, client: Any, point: ResumePoint) -> int:
     logger.info("resuming %s after step %d (version %d); %d trajectories wait in the queue", cfg.name, point.step,
                 point.version, carried)
     return carried
+
+
+async def _evaluate(rollout: Any, label: str, run_dir: Path) -> dict[str, Any]:
+    """A held-out evaluation on the rollout side; its records come back to be written here."""
+    from agentrl.launcher.heldout import write_records
+
+    figures, records = await rollout.evaluate_heldout(label)
+    write_records(run_dir / f"eval_{label}.jsonl", records)
+    return dict(figures)
 
 
 def _saved_evals(run_dir: Path) -> dict[str, Any]:

@@ -40,17 +40,23 @@ def heldout_plan(cfg: RunConfig) -> EvalPlan:
 
 
 async def heldout_eval(cfg: RunConfig, tasks: Sequence[Task], *, engine: InferenceEngine, tokenizer: ChatTokenizer,
-                       resources: EnvResources, out: Path | None = None) -> dict[str, Any]:
-    """Evaluate ``tasks``; write their records to ``out`` (see the module docstring) and return the figures."""
+                       resources: EnvResources) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Evaluate ``tasks``; returns the figures and the records, one per task in task order (see the module
+    docstring). The caller writes the records (:func:`write_records`): on Ray the rollout side returns them to
+    the controller, which owns ``eval_<label>.jsonl`` (the rollout's node may share no directory with it)."""
     result = await run_plan(heldout_plan(cfg), tasks, engine=engine, tokenizer=tokenizer, resources=resources,
                             id_prefix="heldout-")
-    if out is not None:
-        records = sorted(result.records, key=lambda r: r.item_index)
-        out.write_text("".join(json.dumps(_line(r)) + "\n" for r in records))
+    records = [_line(r) for r in sorted(result.records, key=lambda r: r.item_index)]
     m = result.metrics
-    return {"n": m["num_samples"], "accuracy": m["accuracy"] or 0.0, "reward_mean": m["mean_reward"] or 0.0,
-            "turns_mean": m["mean_turns"] or 0.0, "tool_calls_mean": m["mean_tool_calls"] or 0.0,
-            "errors": m["num_errors"]}
+    figures = {"n": m["num_samples"], "accuracy": m["accuracy"] or 0.0, "reward_mean": m["mean_reward"] or 0.0,
+               "turns_mean": m["mean_turns"] or 0.0, "tool_calls_mean": m["mean_tool_calls"] or 0.0,
+               "errors": m["num_errors"]}
+    return figures, records
+
+
+def write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """``eval_<label>.jsonl``: one JSON line per record."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _line(r: SampleRecord) -> dict[str, Any]:

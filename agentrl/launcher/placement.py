@@ -9,6 +9,12 @@ Either way the controller gets the same two handles: the rollout worker (``await
 called through :class:`RayActor`, which makes ``.remote`` calls of the same names) and a trainer group with
 ``start`` / ``wait`` / ``kill`` / ``restarts``. Debug mode imports no Ray: ``breakpoint()`` anywhere (rollout,
 trainer, environment, reward) stops in the terminal that started the run.
+
+On a cluster (``resources.ray_address``) nothing assumes one node: ``resources.rollout_resources`` /
+``trainer_resources`` put each side on the nodes that offer those custom resources; the trainer ranks meet at rank
+0's node (its IP and a port free there, asked of the rank-0 actor); each actor logs to its node's ``logs/`` and to
+its stderr, which Ray streams to the controller; the SGLang process groups are killed by a task on the rollout
+actor's node, whose ledger names them (:mod:`agentrl.launcher.ledger`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 import threading
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -24,6 +31,7 @@ from typing import Any
 
 from agentrl.errors import InfrastructureError, TrainerError
 from agentrl.launcher.config import RunConfig
+from agentrl.launcher.ledger import kill_recorded
 from agentrl.launcher.resources import pin_to_cores
 
 logger = logging.getLogger(__name__)
@@ -39,26 +47,85 @@ async def place(cfg: RunConfig, run_dir: Path, redis_url: str, stack: AsyncExitS
     if not cfg.resources.ray:
         from agentrl.launcher.rollout_process import RolloutWorker
 
+        stack.callback(kill_recorded, run_dir)  # the rollout side runs in this process: its ledger is here
         threaded = TrainerThread(cfg, run_dir, redis_url)
         stack.callback(threaded.kill)
         threaded.start()
         return RolloutWorker(cfg, run_dir, redis_url), threaded
     ray = ray_init(cfg)
+    r = cfg.resources
+    if redis_url.startswith("unix://") and _other_machines(ray):
+        logger.warning("the run's Redis listens on a unix socket of this machine (%s): actors placed on the other "
+                       "machines of the cluster cannot reach it; set redis.url to a server every node reaches",
+                       redis_url)
     rollout_cls, trainer_cls = _actor_classes()
     trainers = TrainerGroup(cfg, run_dir, redis_url, trainer_cls)
     stack.callback(trainers.kill)
-    trainers.start()
-    handle = rollout_cls.options(num_cpus=cfg.resources.rollout_num_cpus).remote(cfg, run_dir, redis_url)
+    _warn_if_unplaceable(ray, r.rollout_resources, "the rollout actor (resources.rollout_resources)")
+    _warn_if_unplaceable(ray, r.trainer_resources, "a trainer rank (resources.trainer_resources)")
+    handle = rollout_cls.options(num_cpus=r.rollout_num_cpus, resources=r.rollout_resources or None).remote(
+        cfg, run_dir, redis_url)
+    rollout = RayActor(handle)
+    stack.callback(_kill_recorded_on, rollout.node, run_dir)  # after ray.kill: servers its death left behind
     stack.callback(ray.kill, handle)
-    return RayActor(handle), trainers
+    await trainers.start()
+    return rollout, trainers
+
+
+async def nodes(rollout: Any, trainers: Any) -> dict[str, Any] | None:
+    """The Ray node ids the run's actors were placed on: ``rollout`` (the actor, its SGLang servers and
+    sandboxes) and ``trainer`` (one per rank). None in debug mode (one process)."""
+    if not isinstance(rollout, RayActor) or not isinstance(trainers, TrainerGroup):
+        return None
+    return {"rollout": await rollout.node, "trainer": list(trainers.node_ids)}
+
+
+def _other_machines(ray: Any) -> bool:
+    here = ray.util.get_node_ip_address()
+    return any(n["Alive"] and n["NodeManagerAddress"] != here for n in ray.nodes())
+
+
+def _warn_if_unplaceable(ray: Any, wanted: dict[str, float], what: str) -> None:
+    """An actor that asks for a custom resource no node offers waits until a node that does joins: say so."""
+    offered = ray.cluster_resources()
+    missing = {k: v for k, v in wanted.items() if offered.get(k, 0.0) < v}
+    if missing:
+        logger.warning("%s asks for %s, which no node of the cluster offers now (it offers %s): it waits until "
+                       "such a node joins", what, missing,
+                       {k: v for k, v in offered.items() if not k.startswith("node:")})
+
+
+def _kill_recorded_on(node_ref: Any, run_dir: Path) -> None:
+    """Kill the process groups in the ledger of the rollout actor's node (``node_ref``: its node id, asked when
+    it was created), by a task on that node: only there are the ledger and the pids it names."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    try:
+        node = ray.get(node_ref, timeout=10)
+    except Exception as exc:  # the actor never started (it started nothing) or the cluster is gone
+        logger.debug("rollout actor's node unknown (%r): no process groups to kill", exc)
+        return
+    task = ray.remote(num_cpus=0, max_retries=0)(kill_recorded).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+    try:
+        found = ray.get(task.remote(run_dir), timeout=120)
+    except Exception as exc:
+        logger.warning("could not kill the process groups the rollout side started on node %s (%r): see that "
+                       "node's %s", node, exc, run_dir / "logs" / "processes.jsonl")
+        return
+    if found:
+        logger.info("killed %d process group(s) the rollout side left on node %s", found, node)
 
 
 class RayActor:
     """A Ray actor called like the object it runs: ``await actor.run(n)`` is ``await handle.run.remote(n)``. An
-    actor that died (its process killed, its node lost) raises :class:`RolloutDiedError`, which says how to go on."""
+    actor that died (its process killed, its node lost) raises :class:`RolloutDiedError`, which says how to go on.
+    ``node`` is the reference of its node id, asked at once (it stays readable after the actor dies)."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
+        self.node = handle.node_id.remote()
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.handle, name)
@@ -150,22 +217,32 @@ def ray_init(cfg: RunConfig) -> Any:
     # and every sandbox they spawn then lose the CPU to any other process on the box (seen: a niced pytest at nice
     # 10 took the cores from a demo). Our actors are the work; run them at the driver's priority.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    if cfg.resources.ray_address:
-        ray.init(address=cfg.resources.ray_address, log_to_driver=True)
-    else:
-        need = cfg.resources.rollout_num_cpus + cfg.resources.trainer_world_size * cfg.resources.trainer_num_cpus
+    r = cfg.resources
+    if r.ray_address:
+        ray.init(address=r.ray_address, log_to_driver=True)
+    else:  # a local cluster offers what the run asks for, custom resources included
+        need = r.rollout_num_cpus + r.trainer_world_size * r.trainer_num_cpus
         ray.init(include_dashboard=False, num_cpus=max(need, float(os.cpu_count() or 1)), log_to_driver=True,
-                 configure_logging=False)
+                 configure_logging=False, resources=r.local_cluster_resources() or None)
     return ray
 
 
 def _log_to(path: Path) -> None:
-    """Send this process's agentrl logs to a file of the run (Ray actors run in their own processes)."""
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    """Send this process's logs to a file of the run on this node (Ray actors run in their own processes) and to
+    stderr, which Ray streams to the controller from whatever node this is (``log_to_driver``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
-    root.addHandler(handler)
+    for handler in (logging.FileHandler(path), logging.StreamHandler(sys.stderr)):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
     root.setLevel(logging.INFO)
+
+
+def _node_id() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _actor_classes() -> tuple[Any, Any]:
@@ -183,56 +260,76 @@ def _actor_classes() -> tuple[Any, Any]:
         def pid(self) -> int:
             return os.getpid()
 
+        def node_id(self) -> str:
+            return _node_id()
+
     @ray.remote
     class TrainerActor:
-        def __init__(self, cfg: RunConfig, run_dir: str, env: dict[str, str], cores: list[int] | None) -> None:
-            os.environ.update(env)  # torch.distributed's rendezvous
+        def __init__(self, cfg: RunConfig, run_dir: str, rank: int, cores: list[int] | None) -> None:
             if cores:
                 pin_to_cores(cores)
-            self.cfg, self.run_dir = cfg, Path(run_dir)
-            _log_to(self.run_dir / "logs" / f"trainer-{env.get('RANK', '0')}.log")
+            self.cfg, self.run_dir, self.rank = cfg, Path(run_dir), rank
+            _log_to(self.run_dir / "logs" / f"trainer-{rank}.log")
 
         def pid(self) -> int:
             return os.getpid()
 
-        def train(self) -> int:
+        def node_id(self) -> str:
+            return _node_id()
+
+        def rendezvous(self) -> tuple[str, int]:
+            """Where the ranks meet when this is rank 0: this node's IP and a TCP port free on it now."""
+            import ray
+
+            with socket.socket() as s:
+                s.bind(("", 0))
+                return str(ray.util.get_node_ip_address()), int(s.getsockname()[1])
+
+        def train(self, env: dict[str, str]) -> int:
+            import ray
+
             from agentrl.launcher.trainer_process import train
 
-            rank = int(os.environ["RANK"])
-            (self.run_dir / "logs" / f"trainer-{rank}.pid").write_text(str(os.getpid()))
-            asyncio.run(train(self.cfg, self.run_dir, os.environ["AGENTRL_REDIS_URL"], rank=rank))
+            os.environ.update(env)  # torch.distributed's rendezvous
+            if ray.get_gpu_ids():  # Ray shows this actor only its own GPUs: the first is its device
+                os.environ["LOCAL_RANK"] = "0"
+            (self.run_dir / "logs" / f"trainer-{self.rank}.pid").write_text(str(os.getpid()))
+            asyncio.run(train(self.cfg, self.run_dir, os.environ["AGENTRL_REDIS_URL"], rank=self.rank))
             return 0
 
     return RolloutActor, TrainerActor
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class TrainerGroup:
-    """The trainer ranks as Ray actors; restarted together (from the last checkpoint) when one dies."""
+    """The trainer ranks as Ray actors; restarted together (from the last checkpoint) when one dies.
+
+    The ranks meet at rank 0's node: its IP and a port free there, asked of the rank-0 actor once it is placed
+    (the controller's node may be another). ``LOCAL_RANK`` is a rank's index among the ranks on its node."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str, actor_cls: Any) -> None:
         self.cfg, self.run_dir, self.redis_url, self.cls = cfg, run_dir, redis_url, actor_cls
         self.actors: list[Any] = []
         self.refs: list[Any] = []
+        self.node_ids: list[str] = []
         self.restarts = 0
 
-    def start(self) -> None:
+    async def start(self) -> None:
         r = self.cfg.resources
-        world, port = r.trainer_world_size, _free_port()
-        self.actors, self.refs = [], []
-        for rank in range(world):
-            env = {"AGENTRL_REDIS_URL": self.redis_url, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            actor = self.cls.options(num_cpus=r.trainer_num_cpus, num_gpus=r.trainer_num_gpus,
-                                     name=f"trainer-{self.cfg.name}-{rank}-{self.restarts}").remote(
-                self.cfg, str(self.run_dir), env, r.trainer_cores)
-            self.actors.append(actor)
-        self.refs = [a.train.remote() for a in self.actors]
+        world = r.trainer_world_size
+        self.refs = []
+        self.actors = [self.cls.options(num_cpus=r.trainer_num_cpus, num_gpus=r.trainer_num_gpus,
+                                        resources=r.trainer_resources or None,
+                                        name=f"trainer-{self.cfg.name}-{rank}-{self.restarts}").remote(
+            self.cfg, str(self.run_dir), rank, r.trainer_cores) for rank in range(world)]
+        self.node_ids = list(await asyncio.gather(*(a.node_id.remote() for a in self.actors)))
+        address, port = await self.actors[0].rendezvous.remote()
+        for rank, actor in enumerate(self.actors):
+            env = {"AGENTRL_REDIS_URL": self.redis_url, "RANK": str(rank), "WORLD_SIZE": str(world),
+                   "LOCAL_RANK": str(self.node_ids[:rank].count(self.node_ids[rank])),
+                   "MASTER_ADDR": address, "MASTER_PORT": str(port)}
+            self.refs.append(actor.train.remote(env))
+        logger.info("trainer ranks on node(s) %s meet at %s:%d", ", ".join(dict.fromkeys(self.node_ids)), address,
+                    port)
 
     async def wait(self) -> None:
         """Return when every rank finished; restart the group on a death, up to ``max_trainer_restarts``."""
@@ -250,7 +347,7 @@ class TrainerGroup:
                 logger.warning("trainer died (%s); restarting from the last checkpoint (restart %d/%d)",
                                type(exc).__name__, self.restarts, self.cfg.resources.max_trainer_restarts)
                 self.kill()
-                self.start()
+                await self.start()
 
     def kill(self) -> None:
         import ray

@@ -2,7 +2,11 @@
 object in the controller's own event loop).
 
 It owns the SGLang server, the sandbox, the math-checker pool, and the producer ends of the queue and registry;
-it runs the :class:`RolloutScheduler` and the held-out evaluations. Trajectories leave it only through Redis.
+it runs the :class:`RolloutScheduler` and the held-out evaluations. Trajectories leave it only through Redis;
+weights reach it through the registry (from ``weights/`` with ``weight_sync: disk``, by broadcast with
+``distributed``); what the controller needs (stats, progress, held-out records) is returned by its methods, which
+on Ray are calls across nodes. Its files (``logs/``, ``rollouts.jsonl``, the process ledger) are its node's own:
+on a cluster they stay in that node's copy of the run directory.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from agentrl.env.registry import EnvResources, load_imports
 from agentrl.gateway import GatewayConfig, LocalGateway
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout import heldout_eval
+from agentrl.launcher.ledger import record_process
 from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
 from agentrl.launcher.resources import heldout_tasks, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
@@ -58,12 +63,6 @@ class RolloutLog:
                 f.write(json.dumps(record) + "\n")
 
 
-def record_process(run_dir: Path, name: str, pid: int) -> None:
-    """Note a process group this run started, so the controller can kill it whatever happens to its owner."""
-    with open(run_dir / "logs" / "processes.jsonl", "a") as f:
-        f.write(json.dumps({"name": name, "pid": pid}) + "\n")
-
-
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str) -> None:
         self.cfg = cfg
@@ -79,6 +78,7 @@ class RolloutWorker:
     async def start(self) -> str:
         """Start everything the rollout side needs; returns the engine URL."""
         cfg, stack = self.cfg, self._stack
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)  # this node's own, on a cluster
         load_imports(cfg.imports)  # user environments register in this process too
         if cfg.resources.rollout_cores is not None:
             pin_to_cores(cfg.resources.rollout_cores)  # SGLang and the sandboxes inherit it
@@ -187,15 +187,16 @@ class RolloutWorker:
         await self.client.update_weights(wv.path, wv.version)
         return wv.version
 
-    async def evaluate_heldout(self, label: str) -> dict[str, Any]:
-        """Greedy held-out evaluation on the engine's current weights; records go to ``eval_<label>.jsonl``."""
+    async def evaluate_heldout(self, label: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Greedy held-out evaluation on the engine's current weights: the figures and one record per task, which
+        the controller writes to ``eval_<label>.jsonl`` (this node may share no directory with it)."""
         tasks = heldout_tasks(self.cfg)
-        outcome = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
-                                     resources=self.resources, out=self.run_dir / f"eval_{label}.jsonl")
+        figures, records = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
+                                              resources=self.resources)
         result = {"label": label, "version": await self.client.weight_version() if self.client else None,
-                  **outcome}
+                  **figures}
         logger.info("held-out eval %s: %s", label, result)
-        return result
+        return result, records
 
     async def run(self, total_groups: int, final_version: int) -> dict[str, Any]:
         r = self.cfg.rollout

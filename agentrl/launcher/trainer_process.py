@@ -36,7 +36,7 @@ from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
 from agentrl.queue.base import QueueEntry
 from agentrl.queue.weight_sync import SyncChannel
-from agentrl.trainer import Trace, Trainer, broadcast_object, latest_checkpoint
+from agentrl.trainer import Trace, Trainer, broadcast_object, latest_checkpoint, process_group
 from agentrl.trainer.storage import intact_hf_folder, prune_checkpoints
 from agentrl.trainer.weight_sync import WeightSender, WeightServer, address_toward
 from agentrl.types import Trajectory
@@ -140,7 +140,13 @@ class WeightShare:
 
 async def train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: int = 0) -> None:
     """The whole trainer job of one rank (SPMD: every rank runs this; rank 0 also talks to Redis at
-    ``redis_url``, or to an embedded server in the run directory)."""
+    ``redis_url``, or to an embedded server in the run directory). The ranks join one process group first: rank 0
+    shares what it read from Redis before any model is built."""
+    with process_group(cfg.trainer.device):
+        await _train(cfg, run_dir, redis_url, rank=rank)
+
+
+async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: int) -> None:
     base_model = resolve_model(cfg.model)
     r0: _Rank0 | None = None
     handle = None

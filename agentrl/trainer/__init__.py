@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         prepare_sft,
     )
     from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig, TrainerSettings
-    from agentrl.trainer.engine import Trainer, broadcast_object
+    from agentrl.trainer.engine import Trainer, broadcast_object, process_group
     from agentrl.trainer.storage import latest_checkpoint
 
 _HOME = {
@@ -31,7 +31,7 @@ _HOME = {
     **dict.fromkeys(["MicroBatch", "PreparedBatch", "SeqSample", "plan_micro_batches", "prepare_rl", "prepare_sft"],
                     "collate"),
     **dict.fromkeys(["LossConfig", "OptimizerConfig", "TrainerConfig", "TrainerSettings"], "config"),
-    **dict.fromkeys(["Trainer", "broadcast_object"], "engine"),
+    **dict.fromkeys(["Trainer", "broadcast_object", "process_group"], "engine"),
     **dict.fromkeys(["latest_checkpoint"], "storage"),
 }
 
@@ -53,6 +53,7 @@ __all__ = [
     "plan_micro_batches",
     "prepare_rl",
     "prepare_sft",
+    "process_group",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOME)

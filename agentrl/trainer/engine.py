@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -48,6 +49,20 @@ from agentrl.types import Trajectory
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 LossFn = Callable[[int, MicroBatch], tuple[Tensor, TokenStats | None]]
+
+
+@contextmanager
+def process_group(device: str = "auto") -> Iterator[DistInfo]:
+    """The default process group of one rank's whole job (torchrun's environment: ``MASTER_ADDR``, ``WORLD_SIZE``,
+    ``RANK``; without it a world of one), destroyed at the end if it was created here. Inside it,
+    :func:`broadcast_object` works before any :class:`Trainer` exists, and successive trainers (SFT, then RL)
+    share the group instead of each creating and destroying its own."""
+    info = init_distributed(device)
+    try:
+        yield info
+    finally:
+        if info.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def broadcast_object(obj: T | None, src: int = 0) -> T:

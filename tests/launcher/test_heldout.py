@@ -15,7 +15,7 @@ from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.env.registry import EnvResources
 from agentrl.errors import EngineError
 from agentrl.launcher.config import RunConfig, load_config
-from agentrl.launcher.heldout import heldout_eval, heldout_plan
+from agentrl.launcher.heldout import heldout_eval, heldout_plan, write_records
 from agentrl.rewards import MathVerifier
 from agentrl.sandbox.local import LocalSandbox
 from agentrl.types import Task
@@ -69,8 +69,9 @@ def config() -> RunConfig:
 async def test_figures_and_records_keep_their_meaning(resources, chat_tokenizer, tmp_path: Path) -> None:
     engine = PromptEngine(chat_tokenizer)
     out = tmp_path / "eval_sft.jsonl"
-    figures = await heldout_eval(config(), TASKS, engine=engine, tokenizer=chat_tokenizer, resources=resources,
-                                 out=out)
+    figures, records = await heldout_eval(config(), TASKS, engine=engine, tokenizer=chat_tokenizer,
+                                          resources=resources)
+    write_records(out, records)
     assert set(figures) == FIGURES
     assert figures == {"n": 2, "accuracy": 0.5, "reward_mean": 0.5, "turns_mean": 2.0, "tool_calls_mean": 1.0,
                        "errors": 1}
@@ -86,10 +87,11 @@ async def test_figures_and_records_keep_their_meaning(resources, chat_tokenizer,
 
 async def test_infrastructure_failures_are_counted_and_never_stop_the_run(resources, chat_tokenizer) -> None:
     down = [Task(id=f"d{i}", prompt="What is 5 * 5?", answer="25") for i in range(20)]  # > 16 in a row
-    figures = await heldout_eval(config(), down, engine=PromptEngine(chat_tokenizer), tokenizer=chat_tokenizer,
-                                 resources=resources)
+    figures, records = await heldout_eval(config(), down, engine=PromptEngine(chat_tokenizer),
+                                          tokenizer=chat_tokenizer, resources=resources)
     assert figures == {"n": 0, "accuracy": 0.0, "reward_mean": 0.0, "turns_mean": 0.0, "tool_calls_mean": 0.0,
                        "errors": 20}
+    assert len(records) == 20 and all("error" in r for r in records)
 
 
 def test_the_plan_samples_like_the_rollout_but_greedily() -> None:

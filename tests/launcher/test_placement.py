@@ -73,3 +73,88 @@ def test_debug_mode_is_one_trainer_rank_and_no_cluster() -> None:
         RunConfig(resources={"ray": False, "trainer_world_size": 2})
     with pytest.raises(ValidationError, match="ray_address"):
         RunConfig(resources={"ray": False, "ray_address": "auto"})
+
+
+def test_each_side_asks_for_its_own_custom_ray_resources() -> None:
+    r = RunConfig(resources={"trainer_world_size": 2, "trainer_resources": {"trainer_node": 1},
+                             "rollout_resources": {"rollout_node": 0.5}}).resources
+    assert r.local_cluster_resources() == {"trainer_node": 2.0, "rollout_node": 0.5}  # what a local cluster offers
+    assert RunConfig().resources.local_cluster_resources() == {}  # the default: any node, as before
+    with pytest.raises(ValidationError, match="num_cpus"):
+        RunConfig(resources={"trainer_resources": {"CPU": 1}})
+    with pytest.raises(ValidationError, match="> 0"):
+        RunConfig(resources={"rollout_resources": {"rollout_node": 0}})
+    with pytest.raises(ValidationError, match="debug mode"):
+        RunConfig(resources={"ray": False, "rollout_resources": {"rollout_node": 1}})
+
+
+async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_path) -> None:
+    """MASTER_ADDR/PORT come from the rank-0 actor (its node's IP and a port free there), not from the
+    controller's node; LOCAL_RANK counts the ranks on the same node."""
+    from agentrl.launcher.placement import TrainerGroup
+
+    ray = ray_init(RunConfig())
+
+    @ray.remote
+    class Rank:
+        def __init__(self, cfg, run_dir, rank, cores) -> None:
+            self.rank = rank
+
+        def node_id(self) -> str:
+            return ray.get_runtime_context().get_node_id()
+
+        def rendezvous(self) -> tuple[str, int]:
+            return ("192.0.2.10", 4567) if self.rank == 0 else ("not-rank-0", 1)
+
+        def train(self, env: dict[str, str]) -> dict[str, str]:
+            return env
+
+    cfg = RunConfig(name="meet", resources={"trainer_world_size": 2, "trainer_num_cpus": 0.01})
+    group = TrainerGroup(cfg, tmp_path, "redis://somewhere:6379/0", Rank)
+    try:
+        await group.start()
+        envs = await asyncio.gather(*group.refs)
+    finally:
+        group.kill()
+    here = ray.get_runtime_context().get_node_id()
+    assert group.node_ids == [here, here]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "0", "2"), ("1", "1", "2")]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["AGENTRL_REDIS_URL"]) for e in envs} == {
+        ("192.0.2.10", "4567", "redis://somewhere:6379/0")}
+
+
+def test_the_trainer_actor_offers_its_nodes_address_and_a_free_port(tmp_path) -> None:
+    import socket
+
+    from agentrl.launcher.placement import _actor_classes
+
+    ray = ray_init(RunConfig())
+    actor = _actor_classes()[1].options(num_cpus=0.01).remote(RunConfig(), str(tmp_path), 0, None)
+    try:
+        address, port = ray.get(actor.rendezvous.remote(), timeout=120)
+    finally:
+        ray.kill(actor)
+    assert address == ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind((address, port))  # still free
+    assert (tmp_path / "logs" / "trainer-0.log").exists()  # the actor made its node's logs/ itself
+
+
+def test_the_process_groups_of_the_ledger_are_killed_by_a_task_on_the_recording_node(tmp_path) -> None:
+    """The ledger is read where it was written: a task pinned to the rollout actor's node kills what it names."""
+    import subprocess
+
+    from agentrl.launcher.ledger import record_process
+    from agentrl.launcher.placement import _kill_recorded_on
+
+    ray = ray_init(RunConfig())
+    sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        record_process(tmp_path, "sleeper", sleeper.pid)
+        node = ray.put(ray.get_runtime_context().get_node_id())
+        _kill_recorded_on(node, tmp_path)
+        assert sleeper.wait(10) == -15  # SIGTERM, the first signal
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()

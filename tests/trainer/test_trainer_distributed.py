@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as tmp
-from trainer_helpers import free_port, run_steps, run_with_checkpoint
+from trainer_helpers import free_port, run_steps, run_with_checkpoint, share_before_any_trainer
 
 STEPS = 3
 
@@ -75,3 +75,14 @@ def test_kill_and_resume_gives_the_same_next_step(tiny_config, tmp_path: Path) -
     assert resumed["rand"] == full["rand"]  # RNG state restored
     for x, y in zip(full["logprobs"], resumed["logprobs"]):
         assert y == pytest.approx(x, abs=1e-5)
+
+
+def test_one_group_for_a_ranks_whole_job_shares_objects_before_any_trainer(tmp_path: Path) -> None:
+    """The launcher's trainer job at world size 2: rank 1 receives what rank 0 read before a model exists (it
+    raised 'the source rank passed None' when each Trainer made its own group)."""
+    out = tmp_path / "shared"
+    tmp.spawn(share_before_any_trainer, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{out}.{rank}").read_text())
+        assert seen == {"got": {"from": "rank 0"}, "outer": True, "inner": False, "alive": True, "world": 2}
+        assert json.loads(Path(f"{out}.{rank}.after").read_text()) is False  # destroyed by the one that made it

@@ -141,3 +141,24 @@ def run_with_checkpoint(cfg_json: str, ckpt: str, out: str, mode: str, port: int
         Path(out).write_text(json.dumps(result))
         if mode == "full":
             os.kill(os.getpid(), signal.SIGKILL)  # no clean shutdown: nothing may depend on one
+
+
+
+def share_before_any_trainer(rank: int, world: int, port: int, out: str) -> None:
+    """Worker: inside one ``process_group`` rank 0 shares an object before any Trainer exists (the launcher's
+    trainer job does so with what it read from Redis); a group joined inside it (as each Trainer's does) neither
+    owns nor destroys it; the outer one destroys it at the end."""
+    import torch.distributed as dist
+
+    from agentrl.trainer import broadcast_object, process_group
+
+    init_env(rank, world, port)
+    with process_group("cpu") as outer:
+        got = broadcast_object({"from": "rank 0"} if rank == 0 else None)
+        with process_group("cpu") as inner:  # SFT's trainer, say
+            dist.barrier()
+        alive = dist.is_initialized()
+        dist.barrier()
+        Path(f"{out}.{rank}").write_text(json.dumps({"got": got, "outer": outer.owns_group, "inner": inner.owns_group,
+                                                     "alive": alive, "world": dist.get_world_size()}))
+    Path(f"{out}.{rank}.after").write_text(json.dumps(dist.is_initialized()))
