@@ -95,8 +95,7 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
 
     async def distributed(i: int) -> None:
         sd = trainer.full_state_dict()
-        sender.set_weights(version, {k: v.to(cast) if cast is not None and v.is_floating_point() else v
-                                     for k, v in sd.items()})
+        sender.set_weights(version, sd, cast)
         await registry.publish(version, str(work / f"d{version}"), step=version, metrics={}, transport="distributed")
         wv = await registry.wait_for(version, timeout_s=60)
         await client.pause("abort")

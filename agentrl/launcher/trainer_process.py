@@ -129,9 +129,7 @@ class WeightShare:
             return
         sd = self.trainer.full_state_dict()
         if self.server is not None:
-            if self.dtype is not None:
-                sd = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in sd.items()}
-            self.server.sender.set_weights(version, sd)
+            self.server.sender.set_weights(version, sd, self.dtype)
 
     def close(self) -> None:
         if self.server is not None:

@@ -1,7 +1,8 @@
 """Trainer side of ``weight_sync: distributed``: rank 0 keeps the newest weights and broadcasts them to the SGLang
 servers when the rollout side asks (the protocol is in :mod:`agentrl.weight_sync`).
 
-    set_weights(v, tensors)        after each step: the snapshot requests are served from (CPU, the engine's dtype)
+    set_weights(v, tensors)        after each step: the snapshot requests are served from, copied once into its
+                                   broadcast buffers (CPU, the engine's dtype)
     offer(world_size)              a TCP store on a free port (rank 0 hosts it) and the buckets' layout
     send(pending)                  a group of ``world_size`` (rank 0 = this process), one broadcast per bucket,
                                    then the group is destroyed
@@ -43,9 +44,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
+    """One version, held as its broadcast buffers (one uint8 tensor per bucket, filled once) and, for an export,
+    the tensors as views into them (no second copy)."""
+
     version: int
     tensors: Mapping[str, Tensor]
     buckets: tuple[BucketMeta, ...]
+    flat: tuple[Tensor, ...]
 
 
 @dataclass(slots=True)
@@ -93,16 +98,21 @@ def close_group(pg: dist.ProcessGroup | None) -> None:
         logger.warning("destroying a weight-sync group failed: %s", exc)
 
 
-def flatten(tensors: Mapping[str, Tensor], bucket: BucketMeta) -> Tensor:
-    """The bucket's tensors as one uint8 tensor, end to end in its order (SGLang's ``FlattenedTensorBucket``)."""
-    parts = []
+def flatten(tensors: Mapping[str, Tensor], bucket: BucketMeta) -> tuple[Tensor, dict[str, Tensor]]:
+    """The bucket's tensors as one uint8 tensor, end to end in its order (SGLang's ``FlattenedTensorBucket``),
+    each cast to the bucket's dtype on the way in (one pass: cast and copy fused), and the tensors as views of it."""
+    dtype = getattr(torch, bucket.dtype)
+    flat = torch.empty(bucket.nbytes, dtype=torch.uint8)
+    views, offset = {}, 0
     for name, shape in zip(bucket.names, bucket.shapes):
         t = tensors[name]
-        if dtype_name(t.dtype) != bucket.dtype or tuple(t.shape) != shape:
-            raise WeightSyncError(f"{name} changed under its offer: {t.dtype} {tuple(t.shape)}, offered as "
-                                  f"{bucket.dtype} {shape}")
-        parts.append(t.contiguous().view(-1).view(torch.uint8))
-    return torch.cat(parts)
+        if tuple(t.shape) != shape:
+            raise WeightSyncError(f"{name} changed under its offer: shape {tuple(t.shape)}, offered as {shape}")
+        n = t.numel() * dtype.itemsize
+        view = flat[offset:offset + n].view(dtype).view(shape)
+        view.copy_(t)
+        views[name], offset = view, offset + n
+    return flat, views
 
 
 class WeightSender:
@@ -124,10 +134,21 @@ class WeightSender:
         snap = self._snapshot
         return None if snap is None else snap.version
 
-    def set_weights(self, version: int, tensors: Mapping[str, Tensor]) -> None:
-        """The weights later requests get (a sender in flight keeps the snapshot it offered)."""
-        named = [(k, dtype_name(v.dtype), tuple(v.shape)) for k, v in tensors.items()]
-        snap = _Snapshot(int(version), dict(tensors), tuple(plan_buckets(named, self.bucket_bytes)))
+    def set_weights(self, version: int, tensors: Mapping[str, Tensor], dtype: torch.dtype | None = None) -> None:
+        """The weights later requests get (a sender in flight keeps the snapshot it offered), copied once into
+        their broadcast buffers; floating-point tensors cast to ``dtype`` on the way (the engine's: it would cast
+        them so anyway), others kept as they are."""
+        def target(t: Tensor) -> torch.dtype:
+            return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+        named = [(k, dtype_name(target(v)), tuple(v.shape)) for k, v in tensors.items()]
+        buckets = tuple(plan_buckets(named, self.bucket_bytes))
+        flat, views = [], {}
+        for bucket in buckets:
+            f, v = flatten(tensors, bucket)
+            flat.append(f)
+            views.update(v)
+        snap = _Snapshot(int(version), views, buckets, tuple(flat))
         with self._lock:
             self._snapshot = snap
 
@@ -158,8 +179,8 @@ class WeightSender:
         try:
             pg = open_group(pending.store, group=offer.group, world_size=offer.world_size, rank=0,
                             backend=offer.backend, timeout_s=offer.timeout_s)
-            for i, bucket in enumerate(offer.buckets):
-                flat = flatten(pending.snapshot.tensors, bucket).to(self.device)
+            for i, buffer in enumerate(pending.snapshot.flat):
+                flat = buffer.to(self.device)  # no copy on CPU
                 work = dist.broadcast(flat, group=pg, group_src=0, async_op=True)
                 assert work is not None
                 work.wait(timedelta(seconds=offer.timeout_s))

@@ -27,15 +27,27 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
             "w1": torch.randn(8, 16, generator=g), "w2": torch.randn(16, 8, generator=g), "steps": torch.tensor([3])}
 
 
-def test_a_bucket_is_its_tensors_bytes_end_to_end_and_a_changed_tensor_is_refused() -> None:
+def test_a_bucket_is_its_tensors_bytes_end_to_end_cast_on_the_way_and_a_changed_tensor_is_refused() -> None:
     sd = weights(0)
     bucket = BucketMeta(("w1", "emb"), "float32", ((8, 16), (50, 8)))
-    flat = flatten(sd, bucket)
+    flat, views = flatten(sd, bucket)
     assert flat.dtype == torch.uint8 and flat.numel() == bucket.nbytes
     assert torch.equal(flat[: 8 * 16 * 4].view(torch.float32).reshape(8, 16), sd["w1"])
     assert torch.equal(flat[8 * 16 * 4:].view(torch.float32).reshape(50, 8), sd["emb"])
+    assert views["emb"].data_ptr() == flat[8 * 16 * 4:].data_ptr()  # the export's tensors are the buffer itself
+    half, _ = flatten(sd, BucketMeta(("w1",), "bfloat16", ((8, 16),)))
+    assert torch.equal(half.view(torch.bfloat16).reshape(8, 16), sd["w1"].to(torch.bfloat16))
     with pytest.raises(WeightSyncError, match="changed under its offer"):
         flatten({**sd, "w1": torch.zeros(8, 17)}, bucket)
+
+
+def test_set_weights_casts_floating_tensors_to_the_engine_dtype_and_keeps_the_others() -> None:
+    sender = WeightSender(address="127.0.0.1")
+    sd = weights(4)
+    sender.set_weights(1, sd, torch.bfloat16)
+    version, held = sender.snapshot()
+    assert version == 1 and held["emb"].dtype == torch.bfloat16 and held["steps"].dtype == torch.int64
+    assert torch.equal(held["emb"], sd["emb"].to(torch.bfloat16)) and torch.equal(held["steps"], sd["steps"])
 
 
 def test_two_peers_in_other_processes_receive_exactly_the_offered_snapshot(tmp_path: Path) -> None:
