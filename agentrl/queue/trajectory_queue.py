@@ -204,7 +204,8 @@ class TrajectoryQueue:
             return 0
         # fields we saw at delivery spare the server from reading the entry back
         tids, versions = zip(*(self._delivered.get(eid, _UNKNOWN) for eid in entry_ids))
-        args = [self.group, _scripts.packed(list(entry_ids)), _scripts.packed(tids), _scripts.packed(versions)]
+        args: list[Any] = [self.group, _scripts.packed(list(entry_ids)), _scripts.packed(tids),
+                           _scripts.packed(versions)]
         acked = int(await self._call(lambda: self._ack(keys=self._keys, args=args), "ack"))
         for eid in entry_ids:
             self._delivered.pop(eid, None)
