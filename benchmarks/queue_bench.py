@@ -243,6 +243,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     gc.freeze()  # the fixture's ~100k objects: a collection during a round would walk them, not what is measured
     client = make_client(url)
     stock = redis.asyncio.Redis.from_url(url)  # plain redis-py, as a user would write the raw path
+    version = (await client.info("server"))["redis_version"]
     runs: dict[str, Callable[[str], Awaitable[float]]] = {
         "raw": lambda s: run_raw(stock, s, payloads, batch),
         "raw_client": lambda s: run_raw(client, s, payloads, batch),
@@ -276,7 +277,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
     cpu = {name: statistics.median(v) for name, v in cpu_us.items()}
     size_kb = statistics.mean(len(p) for p in payloads) / 1024
     print(f"{n} trajectories of {trajectories[0].num_tokens} tokens ({size_kb:.1f} KiB msgpack) per round, "
-          f"batch {batch}, {rounds} paired rounds (medians; ratio range over rounds); {where}")
+          f"batch {batch}, {rounds} paired rounds (medians; ratio range over rounds); Redis {version}; {where}")
     print(f"{'path':<44}{'traj/s':>9}{'MiB/s':>8}{'vs raw':>8}{'range':>12}{'CPU us/traj':>13}")
     labels = {"raw": "raw redis-py XADD/XREADGROUP/XACK", "raw_client": "raw, on agentrl's client (make_client)",
               "queue": "TrajectoryQueue put/read/ack",
@@ -304,7 +305,7 @@ async def bench(url: str, server_pid: int | None, n: int, batch: int, rounds: in
           f"transport_vs_raw_cpu_ratio={cpu['raw'] / cpu['transport']:.3f} "
           f"raw_client_vs_raw_ratio={statistics.median(ratio['raw_client']):.3f} "
           f"queue_vs_raw_client_ratio={statistics.median(ratios('queue', 'raw_client')):.3f} "
-          f"codec_ms_per_trajectory={enc_ms + dec_ms:.3f}{two}")
+          f"codec_ms_per_trajectory={enc_ms + dec_ms:.3f}{two} redis_version={version}")
 
 
 def main() -> None:

