@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 from rollout_overhead import CountingSink, NoNewWeights  # this folder's (the script's directory is on sys.path)
 
@@ -45,7 +47,10 @@ from agentrl.types import Task
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "mountain", "seven", "eleven", "purple", "quiet", "market"]
 FOLLOW_UP = "Go on, and say a little more."
-REGEX = r"[a-z]+( [a-z]+){5,11}\."  # one sentence of 6-12 lowercase words: every turn ends with a stop
+# one sentence of 4-8 short lowercase words, at most 32 characters: every turn ends with a stop within 48 tokens even
+# at one token per character (a random tiny model's words of unbounded length ran into the token budget: the native
+# episode then ended at its length stop after one turn while the agent went on, and the two sides did unequal work)
+REGEX = r"[a-z]{1,3}( [a-z]{1,3}){3,7}\."
 
 
 def make_tasks(n: int) -> list[Task]:
@@ -74,11 +79,26 @@ class Chat(Environment):
         return RewardResult.scored(0.0)
 
 
-def chat_agent(turns: int, max_new: int) -> Any:
+def chat_agent(turns: int, max_new: int, shared: bool) -> Any:
+    """The agent: a plain ``openai`` client per episode. ``shared``: every episode's client reuses one
+    ``httpx.AsyncClient`` (what the README recommends); else each builds its own, whose SSL context alone costs
+    ~20 ms of CPU even over plain http (certifi's bundle is loaded)."""
+    pool: list[httpx.AsyncClient] = []
+
+    def http() -> httpx.AsyncClient | None:
+        if not shared:
+            return None
+        if not pool:
+            pool.append(httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)))
+        return pool[0]
+
     async def run(task: Task, client: ClientConfig) -> str:
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
-        async with openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
-                                      timeout=600) as llm:
+        llm = openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0, timeout=600,
+                                 http_client=http())
+        async with contextlib.AsyncExitStack() as stack:
+            if not shared:
+                await stack.enter_async_context(llm)
             for t in range(turns):
                 reply = await llm.chat.completions.create(model=client.model, messages=messages,  # type: ignore[arg-type]
                                                           max_tokens=max_new, extra_body={"regex": REGEX})
@@ -139,7 +159,8 @@ async def main(args: argparse.Namespace) -> None:
                 LocalGateway(client, tok, GatewayConfig(model_name=args.model)) as gateway:
             native = EpisodeRunner(client, tok, sampling, budget)
             agent = AgentRunner(gateway, tok, sampling, budget)
-            agent_env = agent_factory(chat_agent(args.turns, args.max_new_tokens), reward=no_reward)
+            agent_env = agent_factory(chat_agent(args.turns, args.max_new_tokens, not args.client_per_episode),
+                                      reward=no_reward)
 
             def native_round(ts: list[Task]) -> Any:
                 return one_round(native, lambda: Chat(args.turns), client, ts, args.concurrency)
@@ -179,7 +200,7 @@ async def main(args: argparse.Namespace) -> None:
           f"{(g_tok / g_s) / (n_tok / n_s):.3f}; median of per-round ratios {median:.3f}")
     print(f"gateway_vs_native_ratio={median:.3f} tokens_per_s={g_tok / g_s:.1f} native_tokens_per_s={n_tok / n_s:.1f} "
           f"client_cpu_ms_per_episode={1000 * g_cpu:.2f} native_client_cpu_ms_per_episode={1000 * n_cpu:.2f} "
-          f"cpu={cpu_model()} commit={commit()}")
+          f"shared_http_client={int(not args.client_per_episode)} cpu={cpu_model()} commit={commit()}")
 
 
 if __name__ == "__main__":
@@ -189,6 +210,8 @@ if __name__ == "__main__":
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--client-per-episode", action="store_true",
+                   help="each agent episode builds its own HTTP client (its SSL context: ~20 ms CPU each)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--url", default=None, help="use a running SGLang server instead of starting one")
     asyncio.run(main(p.parse_args()))
