@@ -8,15 +8,19 @@
     with EvalClient("http://127.0.0.1:8000") as c:     # the same, blocking
         print(c.wait(c.submit(spec))["metrics"])
 
-Reads (GET) are retried while the server restarts (connection refused, 502/503/504: ``retries`` times, the
-delay doubling from 0.25 s to 5 s, by :class:`agentrl.retry.Retry`); a submission is not (it would queue the
-task twice). Errors: :class:`ApiError` with the HTTP status and the server's detail (status 0: unreachable).
+Reads (GET) are retried while the server restarts (connection refused, a dropped reply, 502/503/504:
+``retries`` times, the delay doubling from 0.25 s to 5 s, by :class:`agentrl.retry.Retry`). A submission is
+retried the same way with one ``Idempotency-Key`` (a new UUID per ``submit`` unless given): a retry after a lost
+reply gets the task the first attempt made (200), never a second one. A cancel is retried too (cancelling twice is
+fine); a purge is not (a lost reply is then a 404). Errors: :class:`ApiError` with the HTTP status and the
+server's detail (status 0: unreachable).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Self
 
@@ -66,7 +70,21 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _reads_retry(retries: int) -> Retry:
-    return Retry(attempts=retries + 1, base_delay_s=0.25, max_delay_s=5.0)
+    return Retry(attempts=retries + 1, base_delay_s=0.25, max_delay_s=5.0, jitter=0.5)
+
+
+def _submission(spec: Any, idempotency_key: str | None) -> dict[str, Any]:
+    key = idempotency_key or uuid.uuid4().hex
+    return {"json": _body(spec), "headers": {"Idempotency-Key": key}}
+
+
+def _list_params(limit: int, after: str | None, status: str | None, environment: str | None,
+                 labels: dict[str, str] | None, created_after: float | None,
+                 created_before: float | None) -> dict[str, Any]:
+    params = {"limit": limit, "after": after, "status": status, "environment": environment,
+              "created_after": created_after, "created_before": created_before,
+              "label": [f"{k}={v}" for k, v in (labels or {}).items()] or None}
+    return {k: v for k, v in params.items() if v is not None}
 
 
 class AsyncEvalClient:
@@ -89,9 +107,12 @@ class AsyncEvalClient:
         return await self._retry.call(lambda: self._request("GET", path, params=params or None),
                                       retry_on=_retryable, what=f"GET {path}")
 
-    async def submit(self, spec: Any) -> str:
-        """Queue an evaluation; returns its id."""
-        return str((await self._request("POST", "/v1/evals", json=_body(spec)))["id"])
+    async def submit(self, spec: Any, *, idempotency_key: str | None = None) -> str:
+        """Queue an evaluation; returns its id. Retried with one Idempotency-Key (a new one unless given)."""
+        kw = _submission(spec, idempotency_key)
+        out = await self._retry.call(lambda: self._request("POST", "/v1/evals", **kw), retry_on=_retryable,
+                                     what="POST /v1/evals")
+        return str(out["id"])
 
     async def get(self, eval_id: str) -> dict[str, Any]:
         return dict(await self._get(f"/v1/evals/{eval_id}"))
@@ -113,11 +134,33 @@ class AsyncEvalClient:
 
     async def list_evals(self, *, limit: int = 50, status: str | None = None) -> list[dict[str, Any]]:
         """Recent tasks, newest first (without their specs)."""
-        params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
-        return list((await self._get("/v1/evals", **params))["evals"])
+        return list((await self.list_page(limit=limit, status=status))["evals"])
+
+    async def list_page(self, *, limit: int = 50, after: str | None = None, status: str | None = None,
+                        environment: str | None = None, labels: dict[str, str] | None = None,
+                        created_after: float | None = None, created_before: float | None = None) -> dict[str, Any]:
+        """One page of tasks (``evals``, ``has_more``, ``next_cursor``: the ``after`` of the next page)."""
+        return dict(await self._get("/v1/evals", **_list_params(limit, after, status, environment, labels,
+                                                                 created_after, created_before)))
+
+    async def iter_evals(self, *, page_size: int = 100, **filters: Any) -> AsyncIterator[dict[str, Any]]:
+        """Every task matching ``filters`` (those of :meth:`list_page`), newest first, page by page."""
+        after: str | None = None
+        while True:
+            page = await self.list_page(limit=page_size, after=after, **filters)
+            for state in page["evals"]:
+                yield state
+            after = page["next_cursor"]
+            if after is None:
+                return
 
     async def cancel(self, eval_id: str) -> dict[str, Any]:
-        return dict(await self._request("DELETE", f"/v1/evals/{eval_id}"))
+        return dict(await self._retry.call(lambda: self._request("DELETE", f"/v1/evals/{eval_id}"),
+                                           retry_on=_retryable, what=f"DELETE /v1/evals/{eval_id}"))
+
+    async def purge(self, eval_id: str) -> None:
+        """Delete the task and all its results (a running one is stopped)."""
+        await self._request("DELETE", f"/v1/evals/{eval_id}", params={"purge": "true"})
 
     async def wait(self, eval_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
                    on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -138,6 +181,10 @@ class AsyncEvalClient:
 
     async def health(self) -> dict[str, Any]:
         return dict(await self._get("/healthz"))
+
+    async def status(self) -> dict[str, Any]:
+        """The service's queue, tasks per status, running tasks, bytes stored (admin scope)."""
+        return dict(await self._get("/v1/status"))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -169,8 +216,10 @@ class EvalClient:
         return self._retry.call_sync(lambda: self._request("GET", path, params=params or None),
                                      retry_on=_retryable, what=f"GET {path}")
 
-    def submit(self, spec: Any) -> str:
-        return str(self._request("POST", "/v1/evals", json=_body(spec))["id"])
+    def submit(self, spec: Any, *, idempotency_key: str | None = None) -> str:
+        kw = _submission(spec, idempotency_key)
+        return str(self._retry.call_sync(lambda: self._request("POST", "/v1/evals", **kw), retry_on=_retryable,
+                                         what="POST /v1/evals")["id"])
 
     def get(self, eval_id: str) -> dict[str, Any]:
         return dict(self._get(f"/v1/evals/{eval_id}"))
@@ -187,11 +236,29 @@ class EvalClient:
             offset = page["next_offset"]
 
     def list_evals(self, *, limit: int = 50, status: str | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
-        return list(self._get("/v1/evals", **params)["evals"])
+        return list(self.list_page(limit=limit, status=status)["evals"])
+
+    def list_page(self, *, limit: int = 50, after: str | None = None, status: str | None = None,
+                  environment: str | None = None, labels: dict[str, str] | None = None,
+                  created_after: float | None = None, created_before: float | None = None) -> dict[str, Any]:
+        return dict(self._get("/v1/evals", **_list_params(limit, after, status, environment, labels,
+                                                           created_after, created_before)))
+
+    def iter_evals(self, *, page_size: int = 100, **filters: Any) -> Iterator[dict[str, Any]]:
+        after: str | None = None
+        while True:
+            page = self.list_page(limit=page_size, after=after, **filters)
+            yield from page["evals"]
+            after = page["next_cursor"]
+            if after is None:
+                return
 
     def cancel(self, eval_id: str) -> dict[str, Any]:
-        return dict(self._request("DELETE", f"/v1/evals/{eval_id}"))
+        return dict(self._retry.call_sync(lambda: self._request("DELETE", f"/v1/evals/{eval_id}"),
+                                          retry_on=_retryable, what=f"DELETE /v1/evals/{eval_id}"))
+
+    def purge(self, eval_id: str) -> None:
+        self._request("DELETE", f"/v1/evals/{eval_id}", params={"purge": "true"})
 
     def wait(self, eval_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
              on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -211,6 +278,9 @@ class EvalClient:
 
     def health(self) -> dict[str, Any]:
         return dict(self._get("/healthz"))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._get("/v1/status"))
 
     def close(self) -> None:
         self._http.close()

@@ -33,6 +33,9 @@
     ├── ApiError                   client: the eval REST service answered an error or could not be reached
     ├── TaskNotFound (LookupError) api.base: no evaluation task has this id
     ├── TaskLost                   api.base: this worker no longer owns the task
+    ├── StoreFull                  api.base: the eval task store is at its byte bound (a 507; a task past its own
+    │                              records bound fails with it)
+    ├── IdempotencyConflict        api.base: an Idempotency-Key reused with another request body (a 409)
     ├── SessionNotFound (LookupError)  gateway.base: no live gateway session has this id (or API key)
     │   └── _Unauthorized          gateway.app (private): the same, answered as 401 to a bad API key
     └── SessionClosed              gateway.base: the session was finalized or aborted, it takes no more requests

@@ -4,18 +4,33 @@
 """
 
 from agentrl.api.app import create_app
-from agentrl.api.base import TOKEN_ENV, ApiSettings, TaskLost, TaskNotFound, TaskStatus
-from agentrl.api.store import TaskRecord, TaskStore
+from agentrl.api.base import (
+    TOKEN_ENV,
+    ApiSettings,
+    IdempotencyConflict,
+    Scope,
+    StoreFull,
+    TaskLost,
+    TaskNotFound,
+    TaskStatus,
+    Tenant,
+)
+from agentrl.api.store import ListQuery, TaskRecord, TaskStore
 from agentrl.api.worker import EvalWorkers
 
 __all__ = [
            "TOKEN_ENV",
            "ApiSettings",
            "EvalWorkers",
+           "IdempotencyConflict",
+           "ListQuery",
+           "Scope",
+           "StoreFull",
            "TaskLost",
            "TaskNotFound",
            "TaskRecord",
            "TaskStatus",
            "TaskStore",
+           "Tenant",
            "create_app",
 ]

@@ -1,16 +1,21 @@
 """The evaluation REST API (FastAPI): submit, track, cancel and page through evaluation tasks.
 
-    POST   /v1/evals                 202 {id, status, progress, links}; body: agentrl.eval.EvalSpec
-    GET    /v1/evals                 recent tasks (newest first; ?status=&limit=)
+    POST   /v1/evals                 202 {id, status, progress, links}; body: agentrl.eval.EvalSpec;
+                                     Idempotency-Key header: the same key + body again is 200 and the same task
+    GET    /v1/evals                 tasks, newest first, cursor-paged (?after=&limit=), filtered (?status=
+                                     &environment=&label=k=v&created_after=&created_before=)
     GET    /v1/evals/{id}            status, progress {done, total}, metrics (partial while running)
     GET    /v1/evals/{id}/results    per-sample records with trajectories, paged (?offset=&limit=&trajectories=)
-    DELETE /v1/evals/{id}            cancel (409 if it already finished)
+    DELETE /v1/evals/{id}            cancel (409 if it already finished); ?purge=true: delete it and its results
     GET    /v1/environments          registered environments and their tools
-    GET    /healthz                  liveness + Redis + what this process runs
+    GET    /v1/status                (admin) queue, tasks per status, what this process runs, bytes stored
+    GET    /healthz                  liveness
 
-Client mistakes are 4xx, never 5xx: 401 without the bearer token (when one is set), 404 for an unknown task or
-environment (naming the known environments), 413 past ``max_body_bytes``, 422 with field errors
-``{"detail": [{"loc", "msg", "type"}]}``. A 503 means Redis does not answer.
+Client mistakes are 4xx, never 5xx: 401 without a known bearer token (when tenants or a token are set), 403
+without the route's scope, 404 for an unknown task (or another tenant's) or environment (naming the known
+environments), 409 for an Idempotency-Key reused with another body, 413 past ``max_body_bytes``, 422 with field
+errors ``{"detail": [{"loc", "msg", "type"}]}``, 507 when the task store is at its bound. A 503 means Redis does
+not answer.
 """
 
 from __future__ import annotations
@@ -23,13 +28,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import StringConstraints
 from starlette.exceptions import HTTPException
 
-from agentrl._http import BodyLimit, bearer_auth
-from agentrl.api.base import ApiSettings, TaskStatus
+from agentrl._http import BodyLimit
+from agentrl.api.auth import Admin, Authenticator, Canceller, Principal, Reader, Submitter, authenticated
+from agentrl.api.base import ApiSettings, IdempotencyConflict, StoreFull, TaskStatus
+from agentrl.api.policy import SpecPolicy
 from agentrl.api.schemas import (
     EnvironmentInfo,
     EnvironmentList,
@@ -40,10 +48,12 @@ from agentrl.api.schemas import (
     Health,
     Progress,
     ResultsPage,
+    ServiceStatus,
     ToolInfo,
     links,
+    progress,
 )
-from agentrl.api.store import TaskStore
+from agentrl.api.store import ListQuery, TaskRecord, TaskStore
 from agentrl.api.worker import EvalWorkers
 from agentrl.errors import ConfigError, QueueError
 from agentrl.eval.base import SpecError, UnknownEnvironmentError
@@ -59,7 +69,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorBody, "description": "invalid request: field errors"},
     503: {"model": ErrorBody, "description": "Redis does not answer; retry later"},
 }
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "no such task"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    403: {"model": ErrorBody, "description": "the tenant lacks this route's scope"},
+    404: {"model": ErrorBody, "description": "no such task (or another tenant's)"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,14 @@ def _state(request: Request) -> _State:
 State = Annotated[_State, Depends(_state)]
 
 
+async def _owned(s: _State, p: Principal, eval_id: str) -> TaskRecord:
+    """The task, if the caller may see it: another tenant's is a 404 like an unknown one (ids are not revealed)."""
+    t = await s.store.get(eval_id)
+    if t is None or not p.owns(t.tenant):
+        raise HTTPException(404, f"no evaluation task {eval_id!r}")
+    return t
+
+
 def create_app(settings: ApiSettings | None = None, *, services: EvalServices | None = None) -> FastAPI:
     """The API; its lifespan connects Redis, builds the services (unless given) and runs the workers."""
     settings = settings or ApiSettings.from_env()
@@ -85,7 +105,8 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
         async with contextlib.AsyncExitStack() as stack:
             handle = await connect_redis(settings.redis_url, settings.data_dir / "redis")
             stack.push_async_callback(handle.aclose)
-            store = TaskStore(handle.client, settings.namespace)
+            store = TaskStore(handle.client, settings.namespace, max_task_bytes=settings.max_task_result_bytes,
+                              max_store_bytes=settings.max_store_bytes, idempotency_ttl_s=settings.idempotency_ttl_s)
             svc = services
             if svc is None:
                 svc = await EvalServices.create(
@@ -105,50 +126,79 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,  # type: ignore[arg-type]
                        hint="; send fewer items inline or put the dataset in a server-side file")
     _errors(app)
-    v1 = [Depends(bearer_auth(settings.token, hint=" (Authorization: Bearer <AGENTRL_API_TOKEN>)",
-                              description="required when the server has AGENTRL_API_TOKEN set"))]
+    app.state.authenticator = Authenticator(settings.all_tenants())
+    policy = SpecPolicy(model_hosts=settings.model_hosts, model_dirs=settings.model_dirs)
+    v1 = [Depends(authenticated)]
 
-    @app.post("/v1/evals", status_code=202, response_model=EvalCreated, dependencies=v1, tags=["evals"],
-              responses={**_ERRORS, 404: {"model": ErrorBody, "description": "unknown environment"},
-                         413: {"model": ErrorBody, "description": "request body too large"}})
+    @app.post("/v1/evals", status_code=202, response_model=EvalCreated, tags=["evals"],
+              responses={**_ERRORS, 200: {"model": EvalCreated, "description": "this Idempotency-Key's task "
+                                                                                 "(submitted before with this body)"},
+                         403: _NOT_FOUND[403], 404: {"model": ErrorBody, "description": "unknown environment"},
+                         409: {"model": ErrorBody, "description": "Idempotency-Key used with another body"},
+                         413: {"model": ErrorBody, "description": "request body too large"},
+                         507: {"model": ErrorBody, "description": "the task store is at its bound"}})
     async def submit(spec: Annotated[EvalSpec, Body(openapi_examples={"retool": {
             "summary": "ReTool math with the bundled tiny model", "value": EXAMPLE}})],
-            s: State, response: Response) -> EvalCreated:
+            s: State, p: Submitter, response: Response,
+            idempotency_key: Annotated[str | None, Header(
+                alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
+                description="a unique key per evaluation (e.g. a UUID): a retry with it and the same body gets "
+                            "the same task (200), with another body a 409")] = None) -> EvalCreated:
         """Queue an evaluation; poll ``GET /v1/evals/{id}`` for its status and metrics."""
+        policy.check(spec)
         tasks = await s.services.prepare(spec)
         total = len(tasks) * spec.samples_per_item
-        task_id = await s.store.submit(spec.model_dump(mode="json"), tasks_to_json(tasks), total)
-        s.workers.wake()
+        task_id, new = await s.store.submit(spec.model_dump(mode="json"), tasks_to_json(tasks), total,
+                                            tenant=p.name, idempotency_key=idempotency_key)
         response.headers["Location"] = f"/v1/evals/{task_id}"
+        if not new:
+            t = await s.store.get(task_id)
+            if t is not None:
+                response.status_code = 200
+                response.headers["Idempotent-Replayed"] = "true"
+                return EvalCreated(id=task_id, status=t.status, links=links(task_id), progress=progress(t))
+        s.workers.wake()
         return EvalCreated(id=task_id, status=TaskStatus.QUEUED, links=links(task_id),
                            progress=Progress(done=0, total=total))
 
-    @app.get("/v1/evals", response_model=EvalList, dependencies=v1, tags=["evals"], responses=_ERRORS)
-    async def list_evals(s: State, status: TaskStatus | None = None,
-                         limit: Annotated[int, Query(ge=1, le=500)] = 50) -> EvalList:
-        """Recent tasks, newest first (without their specs)."""
-        return EvalList(evals=[EvalState.of(t, with_spec=False)
-                               for t in await s.store.list_tasks(limit=limit, status=status)])
+    @app.get("/v1/evals", response_model=EvalList, tags=["evals"], responses={**_ERRORS, 403: _NOT_FOUND[403]})
+    async def list_evals(
+            s: State, p: Reader, status: TaskStatus | None = None,
+            limit: Annotated[int, Query(ge=1, le=500)] = 50,
+            after: Annotated[str | None, Query(pattern=r"^[0-9]{1,19}$",
+                                               description="the `next_cursor` of the previous page")] = None,
+            environment: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+            label: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[^=]{1,64}=[\s\S]{0,256}$")]] | None,
+                             Query(max_length=32, description="key=value: tasks with this label (repeatable: "
+                                                              "tasks with all of them)")] = None,
+            created_after: Annotated[float | None, Query(ge=0, le=1e11, description="unix time, inclusive")] = None,
+            created_before: Annotated[float | None, Query(ge=0, le=1e11, description="unix time, exclusive")] = None,
+    ) -> EvalList:
+        """Tasks (the caller's own; an admin's: every tenant's), newest first, without their specs; a page at a
+        time: pass ``next_cursor`` as ``after``. Tasks submitted meanwhile are newer than the cursor, so a walk
+        sees each task that existed when it began exactly once. Filters combine (all must match)."""
+        labels = tuple(tuple(x.split("=", 1)) for x in label or ())
+        tasks, cursor = await s.store.list_page(ListQuery(
+            tenant=p.sees, status=status, environment=environment, labels=labels,  # type: ignore[arg-type]
+            created_after=created_after, created_before=created_before,
+            after=int(after) if after is not None else None, limit=limit))
+        return EvalList(evals=[EvalState.of(t, with_spec=False) for t in tasks], has_more=cursor is not None,
+                        next_cursor=None if cursor is None else str(cursor))
 
-    @app.get("/v1/evals/{eval_id}", response_model=EvalState, dependencies=v1, tags=["evals"],
+    @app.get("/v1/evals/{eval_id}", response_model=EvalState, tags=["evals"],
              responses={**_ERRORS, **_NOT_FOUND})
-    async def get_eval(eval_id: str, s: State) -> EvalState:
+    async def get_eval(eval_id: str, s: State, p: Reader) -> EvalState:
         """Status, progress and metrics (partial while the task runs) of a task."""
-        t = await s.store.get(eval_id)
-        if t is None:
-            raise HTTPException(404, f"no evaluation task {eval_id!r}")
-        return EvalState.of(t)
+        return EvalState.of(await _owned(s, p, eval_id))
 
-    @app.get("/v1/evals/{eval_id}/results", response_model=ResultsPage, dependencies=v1, tags=["evals"],
+    @app.get("/v1/evals/{eval_id}/results", response_model=ResultsPage, tags=["evals"],
              responses={**_ERRORS, **_NOT_FOUND})
-    async def results(eval_id: str, s: State, offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    async def results(eval_id: str, s: State, p: Reader, offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
                       limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                       trajectories: Annotated[bool, Query(
                           description="include full trajectories (and chat transcripts)")] = True) -> Response:
         """Per-sample records in completion order, ``limit`` at a time from ``offset``."""
-        t = await s.store.get(eval_id)
-        if t is None:
-            raise HTTPException(404, f"no evaluation task {eval_id!r}")
+        t = await _owned(s, p, eval_id)
         total, rows = await s.store.results(eval_id, offset, limit)
         if not trajectories:
             rows = [json.dumps({**json.loads(r), "trajectory": None, "transcript": None}) for r in rows]
@@ -158,10 +208,20 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
         body = json.dumps(head)[:-1] + ', "records": [' + ",".join(rows) + "]}"  # records are stored as JSON
         return Response(body, media_type="application/json")
 
-    @app.delete("/v1/evals/{eval_id}", response_model=EvalState, dependencies=v1, tags=["evals"],
-                responses={**_ERRORS, **_NOT_FOUND, 409: {"model": ErrorBody, "description": "already finished"}})
-    async def cancel(eval_id: str, s: State) -> EvalState:
-        """Cancel a queued or running task (its records so far are kept); cancelling twice is fine."""
+    @app.delete("/v1/evals/{eval_id}", response_model=EvalState, tags=["evals"],
+                responses={**_ERRORS, **_NOT_FOUND, 204: {"description": "purged"},
+                           409: {"model": ErrorBody, "description": "already finished (cancel without purge)"}})
+    async def cancel(eval_id: str, s: State, p: Canceller,
+                     purge: Annotated[bool, Query(description="delete the task and all its results (a running "
+                                                              "task is stopped first); 204")] = False) -> Any:
+        """Cancel a queued or running task (its records so far are kept); cancelling twice is fine. With
+        ``purge=true``: delete the task, its dataset and its records, whatever its status."""
+        await _owned(s, p, eval_id)
+        if purge:
+            if await s.store.purge(eval_id) is None:
+                raise HTTPException(404, f"no evaluation task {eval_id!r}")
+            s.workers.cancelled(eval_id)
+            return Response(status_code=204)
         before = await s.store.cancel(eval_id)
         if before is None:
             raise HTTPException(404, f"no evaluation task {eval_id!r}")
@@ -186,14 +246,26 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     async def healthz(s: State) -> Health:
-        """Liveness (no token needed)."""
+        """Liveness (no token needed); the rest is ``GET /v1/status`` (admin)."""
+        try:
+            ok = await s.store.ping()
+        except QueueError:
+            ok = False
+        return Health(status="ok" if ok else "degraded", redis=ok)
+
+    @app.get("/v1/status", response_model=ServiceStatus, tags=["health"],
+             responses={**_ERRORS, 403: _NOT_FOUND[403]})
+    async def service_status(s: State, p: Admin) -> ServiceStatus:
+        """What the service holds and runs (admin scope)."""
         try:
             queued: int | None = await s.store.queue_length()
+            counts, stored = await s.store.counts(), await s.store.stored_bytes()
         except QueueError:
-            queued = None
-        return Health(status="ok" if queued is not None else "degraded", redis=queued is not None, queued=queued,
-                      running=sorted(s.workers.running), engines=s.services.engines.status(),
-                      worker=s.workers.worker_id)
+            queued, counts, stored = None, {}, None
+        return ServiceStatus(redis=queued is not None, queued=queued, tasks=counts, running=sorted(s.workers.running),
+                             engines=s.services.engines.status(), worker=s.workers.worker_id, stored_bytes=stored,
+                             max_store_bytes=settings.max_store_bytes,
+                             tenants=[t.name for t in settings.all_tenants()])
 
     return app
 
@@ -220,6 +292,14 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(ConfigError)
     async def bad_config(request: Request, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]}, status_code=422)
+
+    @app.exception_handler(StoreFull)
+    async def store_full(request: Request, exc: StoreFull) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=507)
+
+    @app.exception_handler(IdempotencyConflict)
+    async def idempotency_conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "task_id": exc.task_id}, status_code=409)
 
     @app.exception_handler(QueueError)
     async def redis_down(request: Request, exc: QueueError) -> JSONResponse:

@@ -20,24 +20,38 @@ from agentrl.errors import AgentRLError, ConfigError
 
 
 def serve(
+    config: Annotated[Path | None, typer.Option(help="server settings (YAML: every key of ApiSettings, e.g. "
+                                                     "tenants, model_hosts, max_store_bytes); flags override it")]
+    = None,
     host: Annotated[str, typer.Option(help="bind address (0.0.0.0 exposes the API to the network)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
-    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="require this bearer token on /v1")] = None,
+    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="require this bearer token on /v1 (the admin "
+                                                                     "tenant 'default')")] = None,
     redis_url: Annotated[str | None, typer.Option(help="external Redis (default: $AGENTRL_REDIS_URL, "
                                                        "else an embedded one in --data-dir)")] = None,
-    data_dir: Annotated[Path, typer.Option(help="embedded Redis data and SGLang logs")] = Path("runs/_api"),
-    max_tasks: Annotated[int, typer.Option(help="tasks run at once by this process (0: queue only)")] = 2,
-    max_episodes: Annotated[int, typer.Option(help="episodes at once over all tasks")] = 16,
-    max_servers: Annotated[int, typer.Option(help="SGLang servers started at most")] = 1,
-    sandbox: Annotated[str, typer.Option(help="sandbox backend: local, docker, auto")] = "local",
-    max_sandbox: Annotated[int, typer.Option(help="sandboxed programs at once")] = 8,
-    lease_s: Annotated[float, typer.Option(help="seconds before a dead worker's task is resumed elsewhere")] = 30.0,
-    runs_dir: Annotated[Path, typer.Option(help="training runs (for model run+version)")] = Path("runs"),
+    data_dir: Annotated[Path | None, typer.Option(help="embedded Redis data and SGLang logs [runs/_api]")] = None,
+    max_tasks: Annotated[int | None, typer.Option(help="tasks run at once by this process (0: queue only) [2]")]
+    = None,
+    max_episodes: Annotated[int | None, typer.Option(help="episodes at once over all tasks [16]")] = None,
+    max_servers: Annotated[int | None, typer.Option(help="SGLang servers started at most [1]")] = None,
+    sandbox: Annotated[str | None, typer.Option(help="sandbox backend: local, docker, auto [local]")] = None,
+    max_sandbox: Annotated[int | None, typer.Option(help="sandboxed programs at once [8]")] = None,
+    lease_s: Annotated[float | None, typer.Option(help="seconds before a dead worker's task is resumed elsewhere "
+                                                       "[30]")] = None,
+    runs_dir: Annotated[Path | None, typer.Option(help="training runs (for model run+version) [runs]")] = None,
     dataset_dir: Annotated[list[Path] | None, typer.Option(help="server-side datasets must be under these "
                                                                 "(repeatable; default: the working directory)")] = None,
-    max_body_mb: Annotated[float, typer.Option(help="largest request body")] = 8.0,
-    namespace: Annotated[str, typer.Option(help="Redis key prefix (separate services sharing one Redis)")]
-    = "{agentrl-evals}",
+    model_dir: Annotated[list[Path] | None, typer.Option(help="model.path folders must be under these "
+                                                              "(repeatable; default: the working directory)")] = None,
+    model_host: Annotated[list[str] | None, typer.Option(help="hosts model.url may point at: a name, an IP or a "
+                                                              "network (repeatable; default: loopback)")] = None,
+    finished_ttl_s: Annotated[float | None, typer.Option(help="purge finished tasks after this many seconds "
+                                                              "[never]")] = None,
+    max_store_mb: Annotated[float | None, typer.Option(help="bound of the stored datasets + records; at it new "
+                                                            "tasks get 507 [1024]")] = None,
+    max_body_mb: Annotated[float | None, typer.Option(help="largest request body [8]")] = None,
+    namespace: Annotated[str | None, typer.Option(help="Redis key prefix (separate services sharing one Redis) "
+                                                       "[{agentrl-evals}]")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn and agentrl log level")] = "info",
     imports: Annotated[list[str] | None, typer.Option("--import", help="a module or .py file to import first (it "
                                                       "registers environments and tools; repeatable)")] = None,
@@ -46,23 +60,42 @@ def serve(
     import uvicorn
 
     from agentrl.api.app import create_app
-    from agentrl.api.base import ApiSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ApiSettings(token=token, redis_url=redis_url, data_dir=data_dir, max_tasks=max_tasks,
-                           max_episodes=max_episodes, max_servers=max_servers,
-                           sandbox=_sandbox_config(sandbox, max_sandbox), lease_s=lease_s,
-                           runs_dir=runs_dir,
-                           dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)),
-                           namespace=namespace)
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:
-        typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV}", fg=typer.colors.YELLOW, err=True)
     try:
+        settings = serve_settings(config, token=token, redis_url=redis_url, data_dir=data_dir, max_tasks=max_tasks,
+                                  max_episodes=max_episodes, max_servers=max_servers,
+                                  sandbox=None if sandbox is None and max_sandbox is None
+                                  else _sandbox_config(sandbox or "local", max_sandbox or 8), lease_s=lease_s,
+                                  runs_dir=runs_dir,
+                                  dataset_dirs=dataset_dir, model_dirs=model_dir, model_hosts=model_host,
+                                  finished_ttl_s=finished_ttl_s,
+                                  max_store_bytes=None if max_store_mb is None else int(max_store_mb * (1 << 20)),
+                                  max_body_bytes=None if max_body_mb is None else int(max_body_mb * (1 << 20)),
+                                  namespace=namespace)
+        if host not in ("127.0.0.1", "localhost", "::1") and not settings.all_tenants():
+            typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV} or tenants",
+                        fg=typer.colors.YELLOW, err=True)
         _import(imports)
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
     except AgentRLError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
+
+
+def serve_settings(config: Path | None, **flags: Any) -> Any:
+    """ApiSettings from a YAML file (or none) with the flags given (not None) on top; invalid: ConfigError."""
+    from pydantic import ValidationError
+
+    from agentrl.api.base import ApiSettings
+    from agentrl.overrides import read_mapping
+
+    data = read_mapping(config, "server settings") if config is not None else {}
+    data.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return ApiSettings.from_env(**data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid server settings{f' in {config}' if config else ''}:\n{exc}") from None
 
 
 def _sandbox_config(backend: str, max_concurrency: int = 8) -> Any:

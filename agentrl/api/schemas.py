@@ -65,17 +65,23 @@ class EvalState(BaseModel):
     finished_at: float | None = None
     links: Links
     spec: dict[str, Any] | None = None
+    tenant: str = Field(default="default", description="the tenant that submitted it")
+    stored_bytes: int = Field(default=0, description="its stored records, compressed (bounded by the server)")
 
     @classmethod
     def of(cls, t: TaskRecord, *, with_spec: bool = True) -> EvalState:
         return cls(id=t.id, name=str(t.spec.get("name", "")), status=t.status, progress=progress(t),
                    metrics=t.metrics, error=t.error, attempts=t.attempts, created_at=t.created_at,
                    started_at=t.started_at, finished_at=t.finished_at, links=links(t.id),
-                   spec=t.spec if with_spec else None)
+                   spec=t.spec if with_spec else None, tenant=t.tenant, stored_bytes=t.bytes)
 
 
 class EvalList(BaseModel):
+    """A page of tasks, newest first; pass ``next_cursor`` as ``after`` for the next page."""
+
     evals: list[EvalState]
+    has_more: bool = Field(default=False, description="more tasks match after this page")
+    next_cursor: str | None = Field(default=None, description="the `after` of the next page (None: last page)")
 
 
 class ResultsPage(BaseModel):
@@ -131,12 +137,24 @@ class EnvironmentList(BaseModel):
 
 
 class Health(BaseModel):
+    """Liveness only (no token needed): what the service runs is in ``GET /v1/status`` (admin)."""
+
     status: str = Field(description="ok, or degraded when Redis does not answer")
     redis: bool
-    queued: int | None = None
+
+
+class ServiceStatus(BaseModel):
+    """What the service holds and runs (admin only)."""
+
+    redis: bool
+    queued: int | None = Field(default=None, description="tasks waiting in the queue")
+    tasks: dict[str, int] = Field(default_factory=dict, description="stored tasks per status, all tenants")
     running: list[str] = Field(default_factory=list, description="tasks this process runs now")
     engines: list[dict[str, Any]] = Field(default_factory=list)
     worker: str = ""
+    stored_bytes: int | None = Field(default=None, description="datasets + compressed records of all tasks")
+    max_store_bytes: int = Field(description="at this bound new tasks get 507")
+    tenants: list[str] = Field(default_factory=list, description="configured tenant names")
 
 
 class ErrorBody(BaseModel):

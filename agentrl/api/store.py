@@ -3,14 +3,21 @@
 Nothing about a task lives only in a process: the spec and its dataset, the status and progress, every sample
 record. A worker claims a queued task with a lease it renews while it runs; a task whose lease expires (its
 worker died) is queued again and resumed from its stored records by whichever worker claims it next.
+
+Records are stored zlib-compressed (a trajectory's token ids, masks and logprobs as JSON shrink ~3-5x); the bytes
+stored (datasets and compressed records) are counted per task and in total, and both counts are bounded.
+Listing walks sorted-set indexes (per tenant: all, status, environment, label) by ``seq`` — the submission time
+in microseconds of the Redis clock, strictly increasing — so a cursor is the last ``seq`` seen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,7 +26,7 @@ import redis.asyncio
 import redis.exceptions
 
 from agentrl.api import _scripts
-from agentrl.api.base import TaskLost, TaskStatus
+from agentrl.api.base import DEFAULT_TENANT, IdempotencyConflict, StoreFull, TaskLost, TaskStatus
 from agentrl.errors import QueueError
 
 T = TypeVar("T")
@@ -42,6 +49,9 @@ class TaskRecord:
     metrics: dict[str, Any] | None
     error: str | None
     worker: str | None
+    tenant: str = DEFAULT_TENANT
+    bytes: int = 0  # its stored (compressed) records
+    seq: int = 0  # its place in the listing indexes (0: stored before they existed)
 
     @classmethod
     def parse(cls, task_id: str, h: Any) -> TaskRecord:
@@ -55,21 +65,58 @@ class TaskRecord:
                    attempts=int(s.get("attempts", 0)), created_at=float(s.get("created_at", 0)),
                    started_at=num("started_at"), finished_at=num("finished_at"),
                    metrics=json.loads(s["metrics"]) if s.get("metrics") else None,
-                   error=s.get("error") or None, worker=s.get("worker") or None)
+                   error=s.get("error") or None, worker=s.get("worker") or None,
+                   tenant=s.get("tenant") or DEFAULT_TENANT, bytes=int(s.get("bytes", 0)), seq=int(s.get("seq", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    """A listing: the tasks of ``tenant`` (None: every tenant's) matching every filter given, newest first."""
+
+    tenant: str | None = None
+    status: TaskStatus | None = None
+    environment: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    created_after: float | None = None  # unix seconds, inclusive
+    created_before: float | None = None  # exclusive
+    after: int | None = None  # cursor: the seq of the last task of the previous page
+    limit: int = 50
+
+
+def label_index(key: str, value: str) -> str:
+    """A label's index name: the key's length first, so ``a=b``/``c`` and ``a``/``b=c`` do not collide."""
+    return f"{len(key)}:{key}={value}"
+
+
+def pack_record(record_json: str) -> bytes:
+    return zlib.compress(record_json.encode(), 6)
+
+
+def unpack_record(raw: bytes) -> str:
+    """A stored record as JSON text (records stored before compression are plain JSON: they start with ``{``)."""
+    return raw.decode() if raw[:1] == b"{" else zlib.decompress(raw).decode()
+
+
+def body_hash(spec: dict[str, Any]) -> str:
+    """What an Idempotency-Key is bound to: the validated spec, canonical JSON (key order does not matter)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class TaskStore:
     """The Redis side of the service. Redis failures raise :class:`agentrl.errors.QueueError`."""
 
     def __init__(self, client: redis.asyncio.Redis, namespace: str = "{agentrl-evals}", *,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, max_task_bytes: int = 256 << 20, max_store_bytes: int = 1 << 30,
+                 idempotency_ttl_s: float = 86_400.0) -> None:
         self.r = client
         self.ns = namespace
         self.timeout_s = timeout_s
-        self._queue, self._leases, self._index = f"{namespace}:queue", f"{namespace}:leases", f"{namespace}:index"
-        self._prefix = f"{namespace}:task:"
+        self.max_task_bytes, self.max_store_bytes = max_task_bytes, max_store_bytes
+        self.idempotency_ttl_s = idempotency_ttl_s
+        self._queue, self._leases, self._bytes = f"{namespace}:queue", f"{namespace}:leases", f"{namespace}:bytes"
         self._scripts = {name: client.register_script(getattr(_scripts, name))
-                         for name in ("CLAIM", "HEARTBEAT", "REAP", "RELEASE", "APPEND", "FINISH", "CANCEL")}
+                         for name in ("SUBMIT", "LIST", "CLAIM", "HEARTBEAT", "REAP", "RELEASE", "APPEND", "FINISH",
+                                      "CANCEL", "PURGE", "EXPIRE")}
 
     def _key(self, kind: str, task_id: str) -> str:
         return f"{self.ns}:{kind}:{task_id}"
@@ -86,33 +133,57 @@ class TaskStore:
 
     # ---------------------------------------------------------------------------------------------- API side
 
-    async def submit(self, spec: dict[str, Any], items: list[dict[str, Any]], total: int) -> str:
-        """Store a new queued task and its dataset; returns its id."""
+    async def submit(self, spec: dict[str, Any], items: list[dict[str, Any]], total: int, *,
+                     tenant: str = DEFAULT_TENANT, idempotency_key: str | None = None) -> tuple[str, bool]:
+        """Store a new queued task and its dataset; returns (its id, True). With an ``idempotency_key`` seen
+        before (for this tenant, within ``idempotency_ttl_s``) and the same spec: (that task's id, False), and
+        nothing is stored. Raises :class:`IdempotencyConflict` for the same key with another spec, and
+        :class:`StoreFull` when the store's bytes would pass ``max_store_bytes``. One script: two concurrent
+        submissions with one key make one task."""
         task_id = uuid.uuid4().hex
-        now = time.time()
-        fields: dict[Any, Any] = {"status": TaskStatus.QUEUED.value, "spec": json.dumps(spec), "total": total, "done": 0,
-                  "errors": 0, "attempts": 0, "created_at": repr(now)}
-
-        async def write() -> None:
-            async with self.r.pipeline(transaction=True) as p:
-                p.hset(self._key("task", task_id), mapping=fields)
-                p.set(self._key("items", task_id), json.dumps(items))
-                p.zadd(self._index, {task_id: now})
-                p.rpush(self._queue, task_id)
-                await p.execute()
-
-        await self._do(write)
-        return task_id
+        idem = ""
+        if idempotency_key is not None:
+            idem = f"{self.ns}:idem:{tenant}:{hashlib.sha256(idempotency_key.encode()).hexdigest()}"
+        env = str(spec.get("environment", {}).get("name", ""))
+        labels = [label_index(k, v) for k, v in sorted(dict(spec.get("labels") or {}).items())]
+        out = await self._script("SUBMIT", [], [
+            self.ns, task_id, tenant, json.dumps(spec), json.dumps(items), total, idem, body_hash(spec),
+            int(self.idempotency_ttl_s * 1000), self.max_store_bytes, env, json.dumps(labels)])
+        kind, value = (bytes(x).decode() for x in out)
+        if kind == "new":
+            return value, True
+        if kind == "same":
+            return value, False
+        if kind == "conflict":
+            raise IdempotencyConflict(f"this Idempotency-Key was used for task {value} with another request body; "
+                                      "use a new key for a new evaluation", value)
+        raise StoreFull(f"the evaluation store holds {int(value)} bytes and its bound (max_store_bytes) is "
+                        f"{self.max_store_bytes}: purge finished tasks (DELETE /v1/evals/ID?purge=true) or ask "
+                        "the operator to raise the bound")
 
     async def get(self, task_id: str) -> TaskRecord | None:
         h = await self._do(lambda: self.r.hgetall(self._key("task", task_id)))
         return TaskRecord.parse(task_id, h) if h else None
 
-    async def list_tasks(self, *, limit: int = 50, status: TaskStatus | None = None) -> list[TaskRecord]:
-        """Newest first; with ``status``, among the newest ``10 * limit`` tasks."""
-        scan = limit if status is None else 10 * limit
-        raw: list[Any] = await self._do(lambda: self.r.zrevrange(self._index, 0, scan - 1))
-        ids = [bytes(i).decode() for i in raw]
+    async def list_page(self, q: ListQuery) -> tuple[list[TaskRecord], int | None]:
+        """One page of ``q``: the tasks, and the cursor of the next page (None: this page is the last)."""
+        scope = "*" if q.tenant is None else q.tenant
+        keys = []
+        if q.status is not None:
+            keys.append(f"status:{q.status.value}")
+        if q.environment is not None:
+            keys.append(f"env:{q.environment}")
+        keys += [f"label:{label_index(k, v)}" for k, v in q.labels]
+        keys = [f"{self.ns}:ix:{scope}:{k}" for k in keys or ["all"]]
+        hi = [] if q.after is None else [q.after]
+        if q.created_before is not None:
+            hi.append(round(q.created_before * 1_000_000))
+        lo = "-inf" if q.created_after is None else str(round(q.created_after * 1_000_000))
+        raw = await self._script("LIST", keys, [f"({min(hi)}" if hi else "+inf", lo, q.limit])
+        flat = [bytes(x).decode() for x in raw]
+        ids, seqs = flat[0::2], [int(float(x)) for x in flat[1::2]]
+        more = len(ids) > q.limit
+        ids, seqs = ids[: q.limit], seqs[: q.limit]
 
         async def fetch() -> list[Any]:
             async with self.r.pipeline(transaction=False) as p:
@@ -121,7 +192,7 @@ class TaskStore:
                 return list(await p.execute())
 
         tasks = [TaskRecord.parse(i, h) for i, h in zip(ids, await self._do(fetch)) if h]
-        return [t for t in tasks if status is None or t.status is status][:limit]
+        return tasks, (seqs[-1] if more and seqs else None)
 
     async def results(self, task_id: str, offset: int, limit: int) -> tuple[int, list[str]]:
         """(number of records, the JSON records ``offset .. offset + limit - 1``)."""
@@ -134,12 +205,37 @@ class TaskStore:
                 return list(await p.execute())
 
         total, rows = await self._do(page)
-        return int(total), [r.decode() for r in rows]
+        return int(total), [unpack_record(r) for r in rows]
 
     async def cancel(self, task_id: str) -> TaskStatus | None:
         """Cancel a queued or running task; returns its status *before* (None: no such task)."""
-        before = await self._script("CANCEL", [self._key("task", task_id), self._queue], [task_id, repr(time.time())])
+        before = await self._script("CANCEL", [self._key("task", task_id), self._queue],
+                                    [task_id, repr(time.time()), self.ns])
         return TaskStatus(before.decode()) if before else None
+
+    async def purge(self, task_id: str) -> int | None:
+        """Delete a task, its dataset, records and index entries; returns the bytes freed (None: no such task).
+        A worker running it loses its fence and stops."""
+        freed = int(await self._script("PURGE", [], [self.ns, task_id]))
+        return None if freed < 0 else freed
+
+    async def expire(self, ttl_s: float, *, batch: int = 100) -> int:
+        """Purge up to ``batch`` tasks that finished more than ``ttl_s`` ago; returns how many."""
+        return int(await self._script("EXPIRE", [], [self.ns, int(ttl_s * 1000), batch]))
+
+    async def counts(self) -> dict[str, int]:
+        """Stored tasks per status, all tenants (from the status indexes)."""
+        async def card() -> list[Any]:
+            async with self.r.pipeline(transaction=False) as p:
+                for st in TaskStatus:
+                    p.zcard(f"{self.ns}:ix:*:status:{st.value}")
+                return list(await p.execute())
+
+        return {st.value: int(n) for st, n in zip(TaskStatus, await self._do(card))}
+
+    async def stored_bytes(self) -> int:
+        """Bytes of datasets and (compressed) records stored for all tasks (what ``max_store_bytes`` bounds)."""
+        return int(await self._do(lambda: self.r.get(self._bytes)) or 0)
 
     async def queue_length(self) -> int:
         return int(await self._do(lambda: self.r.llen(self._queue)))
@@ -151,7 +247,7 @@ class TaskStore:
 
     async def claim(self, worker: str, *, lease_s: float, max_attempts: int) -> str | None:
         out = await self._script("CLAIM", [self._queue, self._leases],
-                                 [self._prefix, worker, int(lease_s * 1000), max_attempts, repr(time.time())])
+                                 [self.ns, worker, int(lease_s * 1000), max_attempts, repr(time.time())])
         return out.decode() if out else None
 
     async def heartbeat(self, task_id: str, worker: str, *, lease_s: float, metrics: dict[str, Any] | None = None) -> str:
@@ -162,18 +258,26 @@ class TaskStore:
 
     async def reap(self) -> int:
         """Re-queue running tasks whose lease expired; returns how many."""
-        return int(await self._script("REAP", [self._queue, self._leases], [self._prefix]))
+        return int(await self._script("REAP", [self._queue, self._leases], [self.ns]))
 
     async def release(self, task_id: str, worker: str) -> bool:
         return bool(await self._script("RELEASE", [self._key("task", task_id), self._queue, self._leases],
-                                       [task_id, worker]))
+                                       [task_id, worker, self.ns]))
 
     async def append(self, task_id: str, worker: str, key: str, record_json: str, ok: bool) -> bool:
-        """Store one sample record; False if it was stored before. Raises TaskLost if not this worker's task."""
-        keys = [self._key("task", task_id), self._key("results", task_id), self._key("done", task_id)]
-        out = int(await self._script("APPEND", keys, [worker, key, record_json, "1" if ok else "0"]))
-        if out < 0:
-            raise TaskLost(f"task {task_id} is no longer run by {worker} (cancelled or taken over)")
+        """Store one sample record (compressed); False if it was stored before. Raises TaskLost if not this
+        worker's task, StoreFull when the task's records or the store would pass their bound."""
+        keys = [self._key("task", task_id), self._key("results", task_id), self._key("done", task_id), self._bytes]
+        out = int(await self._script("APPEND", keys, [worker, key, pack_record(record_json), "1" if ok else "0",
+                                                      self.max_task_bytes, self.max_store_bytes]))
+        if out == -1:
+            raise TaskLost(f"task {task_id} is no longer run by {worker} (cancelled, purged or taken over)")
+        if out == -2:
+            raise StoreFull(f"the task's stored records reached max_task_result_bytes ({self.max_task_bytes} bytes, "
+                            "compressed): evaluate fewer items per task, or without keep_trajectories")
+        if out == -3:
+            raise StoreFull(f"the evaluation store reached its bound (max_store_bytes, {self.max_store_bytes} bytes): "
+                            "purge finished tasks (DELETE /v1/evals/ID?purge=true) and submit again")
         return out == 1
 
     async def finish(self, task_id: str, worker: str, status: TaskStatus, *, metrics: dict[str, Any] | None,
@@ -181,7 +285,7 @@ class TaskStore:
         return bool(await self._script(
             "FINISH", [self._key("task", task_id), self._leases],
             [task_id, worker, status.value, json.dumps(metrics) if metrics is not None else "", error or "",
-             repr(time.time())]))
+             repr(time.time()), self.ns]))
 
     async def load_items(self, task_id: str) -> list[dict[str, Any]]:
         raw = await self._do(lambda: self.r.get(self._key("items", task_id)))
@@ -189,4 +293,4 @@ class TaskStore:
 
     async def load_records(self, task_id: str) -> list[dict[str, Any]]:
         rows = await self._do(lambda: self.r.lrange(self._key("results", task_id), 0, -1))
-        return [json.loads(r) for r in rows]
+        return [json.loads(unpack_record(r if isinstance(r, bytes) else r.encode())) for r in rows]

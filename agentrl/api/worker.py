@@ -6,6 +6,9 @@
                           │             stop if the task was cancelled or taken over
                           └─► finish (succeeded | failed | cancelled) ─► claim the next one
     reaper:             every lease_s/2, re-queue running tasks whose lease expired (their worker died)
+    retention:          with finished_ttl_s, every ttl/4 (0.1 .. 60 s), purge tasks finished more than ttl ago
+                        (the store's purge script, so indexes and byte counts stay exact; plain Redis EXPIRE on
+                        the task's keys would leave them behind) — in every process, even one with max_tasks 0
 
 On shutdown the running tasks are handed back to the queue (not counted as an attempt); a worker that dies
 without shutting down loses its leases, so its tasks are re-queued by any live worker's reaper and resumed.
@@ -24,7 +27,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from agentrl.api.base import ApiSettings, TaskLost, TaskStatus
+from agentrl.api.base import ApiSettings, StoreFull, TaskLost, TaskStatus
 from agentrl.api.store import TaskStore
 from agentrl.errors import AgentRLError, ConfigError, InfrastructureError
 from agentrl.eval.base import SampleRecord
@@ -71,6 +74,8 @@ class EvalWorkers:
         self._loops = [loop.create_task(self._slot(i), name=f"eval-slot-{i}") for i in range(self.settings.max_tasks)]
         if self.settings.max_tasks:
             self._loops.append(loop.create_task(self._reaper(), name="eval-reaper"))
+        if self.settings.finished_ttl_s is not None:
+            self._loops.append(loop.create_task(self._retention(self.settings.finished_ttl_s), name="eval-retention"))
         logger.info("eval workers %s: %d task slots", self.worker_id, self.settings.max_tasks)
         return self
 
@@ -129,6 +134,16 @@ class EvalWorkers:
                 logger.warning("eval reaper: %s", exc)
             await asyncio.sleep(period)
 
+    async def _retention(self, ttl_s: float) -> None:
+        period = min(60.0, max(0.1, ttl_s / 4))
+        while True:
+            try:
+                while (n := await self.store.expire(ttl_s)) > 0:
+                    logger.info("eval retention: purged %d tasks finished more than %.0f s ago", n, ttl_s)
+            except InfrastructureError as exc:
+                logger.warning("eval retention: %s", exc)
+            await asyncio.sleep(period)
+
     async def _run(self, task_id: str) -> None:
         try:
             rec = await self.store.get(task_id)
@@ -160,8 +175,10 @@ class EvalWorkers:
         except asyncio.CancelledError:
             await self._release(task_id)
             raise
-        except TaskLost:  # cancelled (keep the partial metrics) or taken over (then this is a no-op)
+        except TaskLost:  # cancelled (keep the partial metrics) or taken over or purged (then this is a no-op)
             await self._finish(task_id, TaskStatus.CANCELLED, progress.metrics(), None)
+        except StoreFull as exc:  # its records (or the store) reached their bound: what is stored stays readable
+            await self._finish(task_id, TaskStatus.FAILED, progress.metrics(), str(exc))
         except ConfigError as exc:
             await self._finish(task_id, TaskStatus.FAILED, progress.metrics(), f"invalid task: {exc}")
         except InfrastructureError as exc:

@@ -26,7 +26,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def settings(redis_url: str, tmp_path: Path) -> ApiSettings:
     """Settings of a fresh service: its own namespace, short leases, the tmp dir for datasets and runs."""
     return ApiSettings(redis_url=redis_url, namespace=f"{{t-{uuid.uuid4().hex[:10]}}}", data_dir=tmp_path / "api",
-                       runs_dir=tmp_path / "runs", dataset_dirs=[tmp_path], lease_s=2.0, poll_s=0.1,
+                       runs_dir=tmp_path / "runs", dataset_dirs=[tmp_path], model_dirs=[tmp_path], lease_s=2.0, poll_s=0.1,
                        max_tasks=2, max_episodes=8, sandbox=SandboxConfig(max_concurrency=4), max_body_bytes=256 << 10)
 
 

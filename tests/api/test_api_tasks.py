@@ -202,5 +202,5 @@ async def test_concurrent_tasks_share_the_global_episode_limit(settings: ApiSett
     assert together >= 2  # tasks ran side by side ...
     assert limiter.most == 2  # ... and their episodes together never passed the global limit
     async with httpx.AsyncClient(base_url=server.url) as http:
-        health = (await http.get("/healthz")).json()
-    assert health["engines"][0]["engine"] == f"url:{sglang_url}" and health["running"] == []
+        status = (await http.get("/v1/status")).json()
+    assert status["engines"][0]["engine"] == f"url:{sglang_url}" and status["running"] == []
