@@ -265,6 +265,56 @@ PURGE = _LIB + """
 return purge(ARGV[1], ARGV[2])
 """
 
+# ARGV: ns, tenant, max tasks. Indexes up to max tasks stored before the indexes existed (listed in the old
+# N:index, creation time in s -> seq): tenant, seq, byte counts, the indexes, the finished set; each leaves
+# N:index. Returns how many (0: done). The seq of a migrated task is its creation µs, made strictly increasing.
+MIGRATE = _LIB + """
+local ns, tenant = ARGV[1], ARGV[2]
+local rows = redis.call('ZRANGE', ns .. ':index', 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
+local last = tonumber(redis.call('GET', ns .. ':seq') or '0')
+for j = 1, #rows, 2 do
+  local id = rows[j]
+  local key = ns .. ':task:' .. id
+  local h = redis.call('HMGET', key, 'seq', 'status', 'spec', 'finished_at')
+  if h[2] and not h[1] then
+    local us = math.floor(tonumber(rows[j + 1]) * 1000000)
+    if us <= last then us = last + 1 end
+    last = us
+    local seq = string.format('%.0f', us)
+    local spec = cjson.decode(h[3] or '{}')
+    local env = ''
+    if type(spec.environment) == 'table' and type(spec.environment.name) == 'string' then
+      env = spec.environment.name
+    end
+    local static = {}
+    for _, tn in ipairs({tenant, '*'}) do
+      table.insert(static, ixkey(ns, tn, 'all'))
+      table.insert(static, ixkey(ns, tn, 'env:' .. env))
+      if type(spec.labels) == 'table' then
+        for k, v in pairs(spec.labels) do
+          table.insert(static, ixkey(ns, tn, 'label:' .. string.len(k) .. ':' .. k .. '=' .. tostring(v)))
+        end
+      end
+    end
+    for _, k in ipairs(static) do redis.call('ZADD', k, seq, id) end
+    for _, tn in ipairs({tenant, '*'}) do redis.call('ZADD', ixkey(ns, tn, 'status:' .. h[2]), seq, id) end
+    local ib = redis.call('STRLEN', ns .. ':items:' .. id)
+    local rb = 0
+    for _, r in ipairs(redis.call('LRANGE', ns .. ':results:' .. id, 0, -1)) do rb = rb + string.len(r) end
+    redis.call('HSET', key, 'tenant', tenant, 'seq', seq, 'bytes', rb, 'ibytes', ib, 'ix', cjson.encode(static))
+    redis.call('INCRBY', ns .. ':bytes', rb + ib)
+    if h[2] == 'succeeded' or h[2] == 'failed' or h[2] == 'cancelled' then
+      redis.call('ZADD', ns .. ':finished', math.floor(tonumber(h[4] or '0') * 1000), id)
+    end
+  end
+  redis.call('ZREM', ns .. ':index', id)
+end
+if #rows > 0 and last > tonumber(redis.call('GET', ns .. ':seq') or '0') then
+  redis.call('SET', ns .. ':seq', string.format('%.0f', last))
+end
+return #rows / 2
+"""
+
 # ARGV: ns, ttl ms, max tasks. Purges (at most max) tasks that finished more than ttl ago by the Redis clock;
 # returns how many.
 EXPIRE = _NOW + _LIB + """

@@ -88,6 +88,14 @@ def _state(request: Request) -> _State:
 State = Annotated[_State, Depends(_state)]
 
 
+def _replayed(t: TaskRecord, response: Response) -> EvalCreated:
+    """The answer to a submission whose Idempotency-Key made ``t`` before: 200 and its state now."""
+    response.status_code = 200
+    response.headers["Location"] = f"/v1/evals/{t.id}"
+    response.headers["Idempotent-Replayed"] = "true"
+    return EvalCreated(id=t.id, status=t.status, links=links(t.id), progress=progress(t))
+
+
 async def _owned(s: _State, p: Principal, eval_id: str) -> TaskRecord:
     """The task, if the caller may see it: another tenant's is a 404 like an unknown one (ids are not revealed)."""
     t = await s.store.get(eval_id)
@@ -107,6 +115,8 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             stack.push_async_callback(handle.aclose)
             store = TaskStore(handle.client, settings.namespace, max_task_bytes=settings.max_task_result_bytes,
                               max_store_bytes=settings.max_store_bytes, idempotency_ttl_s=settings.idempotency_ttl_s)
+            if migrated := await store.migrate():
+                logger.info("indexed %d evaluation tasks stored by an older agentrl", migrated)
             svc = services
             if svc is None:
                 svc = await EvalServices.create(
@@ -146,18 +156,19 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
                             "the same task (200), with another body a 409")] = None) -> EvalCreated:
         """Queue an evaluation; poll ``GET /v1/evals/{id}`` for its status and metrics."""
         policy.check(spec)
+        body = spec.model_dump(mode="json")
+        if idempotency_key is not None:  # a retry answers at once, without loading the dataset again
+            seen = await s.store.replay(body, tenant=p.name, idempotency_key=idempotency_key)
+            if seen is not None and (t := await s.store.get(seen)) is not None:
+                return _replayed(t, response)
         tasks = await s.services.prepare(spec)
         total = len(tasks) * spec.samples_per_item
-        task_id, new = await s.store.submit(spec.model_dump(mode="json"), tasks_to_json(tasks), total,
-                                            tenant=p.name, idempotency_key=idempotency_key)
-        response.headers["Location"] = f"/v1/evals/{task_id}"
-        if not new:
-            t = await s.store.get(task_id)
-            if t is not None:
-                response.status_code = 200
-                response.headers["Idempotent-Replayed"] = "true"
-                return EvalCreated(id=task_id, status=t.status, links=links(task_id), progress=progress(t))
+        task_id, new = await s.store.submit(body, tasks_to_json(tasks), total, tenant=p.name,
+                                            idempotency_key=idempotency_key)
+        if not new and (t := await s.store.get(task_id)) is not None:
+            return _replayed(t, response)
         s.workers.wake()
+        response.headers["Location"] = f"/v1/evals/{task_id}"
         return EvalCreated(id=task_id, status=TaskStatus.QUEUED, links=links(task_id),
                            progress=Progress(done=0, total=total))
 

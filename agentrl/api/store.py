@@ -84,8 +84,9 @@ class ListQuery:
 
 
 def label_index(key: str, value: str) -> str:
-    """A label's index name: the key's length first, so ``a=b``/``c`` and ``a``/``b=c`` do not collide."""
-    return f"{len(key)}:{key}={value}"
+    """A label's index name: the key's length (UTF-8 bytes, as Lua counts) first, so ``a=b``/``c`` and
+    ``a``/``b=c`` do not collide."""
+    return f"{len(key.encode())}:{key}={value}"
 
 
 def pack_record(record_json: str) -> bytes:
@@ -116,7 +117,7 @@ class TaskStore:
         self._queue, self._leases, self._bytes = f"{namespace}:queue", f"{namespace}:leases", f"{namespace}:bytes"
         self._scripts = {name: client.register_script(getattr(_scripts, name))
                          for name in ("SUBMIT", "LIST", "CLAIM", "HEARTBEAT", "REAP", "RELEASE", "APPEND", "FINISH",
-                                      "CANCEL", "PURGE", "EXPIRE")}
+                                      "CANCEL", "PURGE", "EXPIRE", "MIGRATE")}
 
     def _key(self, kind: str, task_id: str) -> str:
         return f"{self.ns}:{kind}:{task_id}"
@@ -141,9 +142,7 @@ class TaskStore:
         :class:`StoreFull` when the store's bytes would pass ``max_store_bytes``. One script: two concurrent
         submissions with one key make one task."""
         task_id = uuid.uuid4().hex
-        idem = ""
-        if idempotency_key is not None:
-            idem = f"{self.ns}:idem:{tenant}:{hashlib.sha256(idempotency_key.encode()).hexdigest()}"
+        idem = "" if idempotency_key is None else self._idem_key(tenant, idempotency_key)
         env = str(spec.get("environment", {}).get("name", ""))
         labels = [label_index(k, v) for k, v in sorted(dict(spec.get("labels") or {}).items())]
         out = await self._script("SUBMIT", [], [
@@ -160,6 +159,30 @@ class TaskStore:
         raise StoreFull(f"the evaluation store holds {int(value)} bytes and its bound (max_store_bytes) is "
                         f"{self.max_store_bytes}: purge finished tasks (DELETE /v1/evals/ID?purge=true) or ask "
                         "the operator to raise the bound")
+
+    def _idem_key(self, tenant: str, idempotency_key: str) -> str:
+        return f"{self.ns}:idem:{tenant}:{hashlib.sha256(idempotency_key.encode()).hexdigest()}"
+
+    async def replay(self, spec: dict[str, Any], *, tenant: str, idempotency_key: str) -> str | None:
+        """The task this tenant's ``idempotency_key`` made with ``spec`` (None: the key is not known, or its
+        task was purged); :class:`IdempotencyConflict` when it was used with another spec. A read-only look
+        before the work of a submission (:meth:`submit` decides atomically)."""
+        key = self._idem_key(tenant, idempotency_key)
+
+        async def look() -> tuple[str, int]:
+            raw = await self.r.get(key)
+            value = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+            task_id = value.partition(" ")[2]
+            return value, int(await self.r.exists(self._key("task", task_id))) if task_id else 0
+
+        value, exists = await self._do(look)
+        if not exists:
+            return None
+        digest, _, task_id = value.partition(" ")
+        if digest != body_hash(spec):
+            raise IdempotencyConflict(f"this Idempotency-Key was used for task {task_id} with another request "
+                                      "body; use a new key for a new evaluation", task_id)
+        return str(task_id)
 
     async def get(self, task_id: str) -> TaskRecord | None:
         h = await self._do(lambda: self.r.hgetall(self._key("task", task_id)))
@@ -232,6 +255,14 @@ class TaskStore:
                 return list(await p.execute())
 
         return {st.value: int(n) for st, n in zip(TaskStatus, await self._do(card))}
+
+    async def migrate(self, *, batch: int = 50) -> int:
+        """Index the tasks stored before tenants, cursors and byte bounds existed (as the tenant ``default``);
+        a batch per script, so Redis is never blocked long. Returns how many; idempotent."""
+        total = 0
+        while n := int(await self._script("MIGRATE", [], [self.ns, DEFAULT_TENANT, batch])):
+            total += n
+        return total
 
     async def stored_bytes(self) -> int:
         """Bytes of datasets and (compressed) records stored for all tasks (what ``max_store_bytes`` bounds)."""

@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 from api_support import body
 
-from agentrl.api import ApiSettings, TaskStatus, TaskStore
+from agentrl.api import ApiSettings, ListQuery, TaskStatus, TaskStore
 from agentrl.api.base import StoreFull, Tenant
 from agentrl.client import ApiError, AsyncEvalClient
 
@@ -460,3 +460,68 @@ def test_serve_settings_come_from_a_file_with_flags_on_top(tmp_path: Path) -> No
     cfg.write_text("tenants:\n  - {name: team-a, token: tok-a, scopes: [write]}\n")
     with pytest.raises(ConfigError, match="scopes"):
         serve_settings(cfg)
+
+
+# ------------------------------------------------------------------------------------- store: worker side, upgrade
+
+
+async def test_every_state_change_keeps_the_status_indexes_exact(settings: ApiSettings, rds) -> None:
+    store = TaskStore(rds, settings.namespace)
+
+    async def by_status() -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for st in TaskStatus:
+            tasks, _ = await store.list_page(ListQuery(status=st, limit=500))
+            out[st.value] = {t.id for t in tasks}
+            assert all(t.status is st for t in tasks)
+        return out
+
+    a, _ = await store.submit({"name": "a"}, [], 2)
+    b, _ = await store.submit({"name": "b"}, [], 2)
+    assert (await by_status())["queued"] == {a, b}
+    assert await store.claim("w1", lease_s=0.05, max_attempts=3) == a
+    assert (await by_status())["running"] == {a}
+    await asyncio.sleep(0.2)  # past the lease
+    assert await store.reap() == 1  # w1 "died": a is queued again
+    assert (await by_status())["queued"] == {a, b} and (await by_status())["running"] == set()
+    assert await store.claim("w2", lease_s=60, max_attempts=3) == a
+    assert await store.append(a, "w2", "0:0", json.dumps({"item_index": 0, "x": "é"}), ok=True)
+    assert await store.load_records(a) == [{"item_index": 0, "x": "é"}]  # decompressed as it was given
+    assert await store.release(a, "w2")
+    assert await store.claim("w3", lease_s=60, max_attempts=3) == a
+    assert await store.finish(a, "w3", TaskStatus.SUCCEEDED, metrics={"n": 1})
+    await store.cancel(b)
+    assert await by_status() == {"queued": set(), "running": set(), "succeeded": {a}, "failed": set(),
+                                 "cancelled": {b}}
+    assert await store.counts() == {"queued": 0, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 1}
+    assert await store.expire(3600) == 0 and await store.expire(0) == 2  # both finished: both purged
+    assert await store.counts() == dict.fromkeys(await store.counts(), 0) and await store.stored_bytes() == 0
+
+
+async def test_tasks_stored_by_an_older_version_are_indexed_at_start(settings: ApiSettings, start_api, rds) -> None:
+    ns = settings.namespace
+    legacy = {}
+    for i, status in enumerate(("succeeded", "queued", "cancelled")):  # as the store wrote them before issue 23
+        task_id = f"legacy{i}"
+        spec = body(labels={"team": "old"}, environment={"name": "math" if i else "retool"})
+        await rds.hset(f"{ns}:task:{task_id}", mapping={
+            "status": status, "spec": json.dumps(spec), "total": 4, "done": 1, "errors": 0, "attempts": 1,
+            "created_at": repr(1_700_000_000.0 + i), "finished_at": repr(1_700_000_100.0)})
+        await rds.set(f"{ns}:items:{task_id}", json.dumps([{"id": "0", "prompt": "q"}]))
+        await rds.rpush(f"{ns}:results:{task_id}", json.dumps({"item_index": 0, "sample_index": 0}))
+        await rds.zadd(f"{ns}:index", {task_id: 1_700_000_000.0 + i})
+        legacy[status] = task_id
+    await rds.rpush(f"{ns}:queue", legacy["queued"])
+    server = await start_api(settings.model_copy(update={"max_tasks": 0, "token": ADMIN}))
+    async with AsyncEvalClient(server.url, token=ADMIN) as client:
+        new = await client.submit(body(labels={"team": "old"}))
+        assert [e["id"] async for e in client.iter_evals(page_size=2)] == [new, "legacy2", "legacy1", "legacy0"]
+        assert {e["id"] async for e in client.iter_evals(environment="math", labels={"team": "old"})} == \
+            {"legacy1", "legacy2"}
+        assert {e["id"] async for e in client.iter_evals(status="queued")} == {new, "legacy1"}
+        assert (await client.results("legacy0"))["records"] == [{"item_index": 0, "sample_index": 0}]  # plain JSON
+        assert (await client.get("legacy0"))["tenant"] == "default"
+        stored = (await client.status())["stored_bytes"]
+        await client.purge("legacy0")
+        assert (await client.status())["stored_bytes"] < stored
+    assert not await rds.exists(f"{ns}:index", f"{ns}:task:legacy0", f"{ns}:results:legacy0")
