@@ -4,7 +4,7 @@ Nothing about a task lives only in a process: the spec and its dataset, the stat
 record. A worker claims a queued task with a lease it renews while it runs; a task whose lease expires (its
 worker died) is queued again and resumed from its stored records by whichever worker claims it next.
 
-Records are stored zlib-compressed (a trajectory's token ids, masks and logprobs as JSON shrink ~3-5x); the bytes
+Records are stored zlib-compressed (a trajectory's token ids, masks and logprobs as JSON shrink ~2-5x); the bytes
 stored (datasets and compressed records) are counted per task and in total, and both counts are bounded.
 Listing walks sorted-set indexes (per tenant: all, status, environment, label) by ``seq`` — the submission time
 in microseconds of the Redis clock, strictly increasing — so a cursor is the last ``seq`` seen.
