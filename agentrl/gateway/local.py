@@ -42,7 +42,7 @@ class LocalGateway:
         self.url = ""
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
-        self.http_client: httpx.AsyncClient | None = None
+        self.http_client: Any = None  # an httpx.AsyncClient that agents may close without closing it
         self.anthropic_http_client: Any = None  # the same for the anthropic SDK, which takes its own httpx fork
 
     async def start(self) -> str:
