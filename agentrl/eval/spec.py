@@ -213,6 +213,12 @@ class EvalSpec(_Strict):
     keep_trajectories: bool = Field(default=True, description="store each sample's full trajectory with its record")
     labels: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=32)
+    group_by: str | None = Field(default=None, min_length=1, max_length=256,
+                                 description="an item field (metadata; a dotted path reaches into nested ones), e.g. "
+                                             "data_source or level: metrics and their intervals per group too")
+    webhook_url: ModelUrl | None = Field(
+        default=None, description="REST service only: POSTed the final state when the task ends, signed with "
+                                  "HMAC-SHA256 (header X-Agentrl-Signature: sha256=<hex>); hosts the server allows")
 
     @model_validator(mode="after")
     def _check(self) -> EvalSpec:
