@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 
 from agentrl._http import BodyLimit, bearer_auth
 from agentrl.api.base import ApiSettings, TaskStatus
+from agentrl.api.routes import add_routes
 from agentrl.api.schemas import (
     EnvironmentInfo,
     EnvironmentList,
@@ -44,6 +45,7 @@ from agentrl.api.schemas import (
     links,
 )
 from agentrl.api.store import TaskStore
+from agentrl.api.webhooks import check_webhook
 from agentrl.api.worker import EvalWorkers
 from agentrl.errors import ConfigError, QueueError
 from agentrl.eval.base import SpecError, UnknownEnvironmentError
@@ -107,6 +109,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
     _errors(app)
     v1 = [Depends(bearer_auth(settings.token, hint=" (Authorization: Bearer <AGENTRL_API_TOKEN>)",
                               description="required when the server has AGENTRL_API_TOKEN set"))]
+    add_routes(app, v1)  # first: /v1/evals/compare before /v1/evals/{eval_id}
 
     @app.post("/v1/evals", status_code=202, response_model=EvalCreated, dependencies=v1, tags=["evals"],
               responses={**_ERRORS, 404: {"model": ErrorBody, "description": "unknown environment"},
@@ -116,8 +119,10 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             s: State, response: Response) -> EvalCreated:
         """Queue an evaluation; poll ``GET /v1/evals/{id}`` for its status and metrics."""
         tasks = await s.services.prepare(spec)
+        check_webhook(spec.webhook_url, settings)
         total = len(tasks) * spec.samples_per_item
         task_id = await s.store.submit(spec.model_dump(mode="json"), tasks_to_json(tasks), total)
+        await s.workers.emit(task_id, "status", {"status": TaskStatus.QUEUED.value})
         s.workers.wake()
         response.headers["Location"] = f"/v1/evals/{task_id}"
         return EvalCreated(id=task_id, status=TaskStatus.QUEUED, links=links(task_id),
@@ -168,6 +173,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
         if before in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
             raise HTTPException(409, f"evaluation task {eval_id} already {before.value}; nothing to cancel")
         s.workers.cancelled(eval_id)
+        await s.workers.announce_cancel(eval_id, before)
         t = await s.store.get(eval_id)
         assert t is not None
         return EvalState.of(t)

@@ -150,3 +150,35 @@ def links(task_id: str) -> Links:
 def progress(t: TaskRecord) -> Progress:
     return Progress(done=t.done, total=t.total, errors=t.errors,
                     fraction=round(t.done / t.total, 4) if t.total else 0.0)
+
+
+class Comparison(BaseModel):
+    """Run ``b`` against run ``a`` over the items both scored (see agentrl.eval.stats)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "a": "3f2c0b6e9d4a4f7e8a1b2c3d4e5f6a7b", "b": "9a8b7c6d5e4f40312a1b2c3d4e5f6a7b", "metric": "accuracy",
+        "status_a": "succeeded", "status_b": "succeeded", "n": 40, "only_a": 0, "only_b": 0, "mean_a": 0.45,
+        "mean_b": 0.625, "difference": 0.175, "stderr": 0.068, "low": 0.05, "high": 0.3, "level": 0.95,
+        "p_value": 0.0386, "test": "mcnemar-exact", "interval_method": "paired-bootstrap", "discordant": [10, 3],
+        "significant": True}]})
+
+    a: str
+    b: str
+    metric: str = Field(description="accuracy, mean_reward or pass@K; per item over its ok samples")
+    status_a: TaskStatus
+    status_b: TaskStatus
+    n: int = Field(description="items both runs scored (the pairs)")
+    only_a: int = Field(description="items only run a scored (left out)")
+    only_b: int = Field(description="items only run b scored (left out)")
+    mean_a: float
+    mean_b: float
+    difference: float = Field(description="mean_b - mean_a over the paired items")
+    stderr: float | None = Field(description="standard error of the difference (None for one pair)")
+    low: float | None = Field(description="lower end of the interval of the difference (paired bootstrap)")
+    high: float | None
+    level: float = 0.95
+    p_value: float = Field(description="two-sided, of no difference")
+    test: str = Field(description="mcnemar-exact (0/1 item outcomes) or paired-permutation")
+    interval_method: str = "paired-bootstrap"
+    discordant: list[int] | None = Field(default=None, description="McNemar: items [b better, a better]")
+    significant: bool = Field(description="p_value < 1 - level")
