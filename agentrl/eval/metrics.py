@@ -25,6 +25,7 @@ A metric with nothing to average over is None.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -147,8 +148,9 @@ def _by_group(ok: Sequence[SampleRecord], pass_k: Sequence[int], groups: Mapping
 def item_scores(records: Iterable[SampleRecord], metric: str) -> tuple[dict[str, float], bool]:
     """Each item's score under ``metric`` (``accuracy``, ``mean_reward`` or ``pass@K``) over its ok samples, keyed
     by the item's id (its index when ids repeat), and whether every score is a 0/1 outcome by construction (one
-    sample per item, or K = the item's samples; for ``mean_reward``: also 0/1 rewards). Items without ok samples
-    (or with fewer than K) are left out. Raises ValueError for an unknown metric."""
+    sample per item, or K = the item's samples; for ``mean_reward``: also 0/1 rewards). The key is the item's id
+    and a hash of its prompt (its index instead of the id when ids repeat), so two runs pair only on the same
+    items. Items without ok samples (or with fewer than K) are left out. Raises ValueError for an unknown metric."""
     k = None
     if metric.startswith("pass@"):
         try:
@@ -165,6 +167,11 @@ def item_scores(records: Iterable[SampleRecord], metric: str) -> tuple[dict[str,
             by_index[r.item_index].append(r)
     ids = {i: rs[0].task_id for i, rs in by_index.items()}
     unique = len(set(ids.values())) == len(ids)
+
+    def key(i: int) -> str:
+        digest = hashlib.sha256(by_index[i][0].prompt.encode()).hexdigest()[:16]
+        return f"{ids[i] if unique else i}#{digest}"
+
     scores: dict[str, float] = {}
     binary = True
     for i, rs in by_index.items():
@@ -178,6 +185,6 @@ def item_scores(records: Iterable[SampleRecord], metric: str) -> tuple[dict[str,
         else:
             score = sum(float(r.reward or 0.0) for r in rs) / n
             is_binary = n == 1 and score in (0.0, 1.0)
-        scores[ids[i] if unique else str(i)] = score
+        scores[key(i)] = score
         binary = binary and is_binary
     return scores, binary

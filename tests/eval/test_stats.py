@@ -144,9 +144,12 @@ def test_item_scores_pair_items_by_id() -> None:
     records = [rec(0, 0, True), rec(0, 1, False), rec(1, 0, True), rec(1, 1, True),
                SampleRecord(item_index=2, sample_index=0, task_id="t2", status="error")]
     scores, binary = item_scores(records, "accuracy")
-    assert scores == {"t0": 0.5, "t1": 1.0} and binary is False
+    assert [k.split("#")[0] for k in scores] == ["t0", "t1"] and list(scores.values()) == [0.5, 1.0]
+    assert binary is False
     scores, binary = item_scores(records, "pass@2")
-    assert scores == {"t0": 1.0, "t1": 1.0} and binary is True
+    assert list(scores.values()) == [1.0, 1.0] and binary is True
+    other_prompt = [rec(0, 0, True, prompt="another question")]
+    assert not set(item_scores(other_prompt, "accuracy")[0]) & set(scores)  # same id, another item: no pair
     assert item_scores(records, "pass@3") == ({}, True)
     for bad in ("pass@x", "pass@0", "f1"):
         with pytest.raises(ValueError):
