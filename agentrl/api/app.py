@@ -118,7 +118,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             "summary": "ReTool math with the bundled tiny model", "value": EXAMPLE}})],
             s: State, response: Response) -> EvalCreated:
         """Queue an evaluation; poll ``GET /v1/evals/{id}`` for its status and metrics."""
-        tasks = await s.services.prepare(spec)
+        spec, tasks = await s.services.resolve(spec)  # the stored spec records the dataset's version and sha256
         check_webhook(spec.webhook_url, settings)
         total = len(tasks) * spec.samples_per_item
         task_id = await s.store.submit(spec.model_dump(mode="json"), tasks_to_json(tasks), total)

@@ -27,9 +27,10 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
-from agentrl.api.schemas import Comparison, ErrorBody, EvalState
+from agentrl.api.schemas import Comparison, DatasetInfo, DatasetList, DatasetVersionInfo, ErrorBody, EvalState
 from agentrl.api.store import TaskStore
 from agentrl.eval.base import SampleRecord
+from agentrl.eval.catalog import DatasetCatalog, NamedDataset, natural_order
 from agentrl.eval.metrics import item_scores
 from agentrl.eval.stats import compare_paired
 
@@ -100,6 +101,44 @@ def add_routes(app: FastAPI, dependencies: list[Any]) -> None:
         start = last_event_id or after or "0"
         return EventSourceResponse(_stream(s.store, eval_id, start, wait_s=s.workers.settings.events_wait_s),
                                    ping=15, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+    @app.get("/v1/datasets", response_model=DatasetList, dependencies=dependencies, tags=["datasets"],
+             operation_id="listDatasets", responses=ERRORS)
+    async def datasets(request: Request) -> DatasetList:
+        """Named datasets: files under the server's dataset roots, ``agentrl.datasets`` plugins, built-in
+        generators; with versions and sha256 content hashes."""
+        catalog: DatasetCatalog = _state(request).services.catalog
+        return DatasetList(datasets=await asyncio.to_thread(
+            lambda: [_info(catalog, d) for d in catalog.datasets().values()]))
+
+    @app.get("/v1/datasets/{name}", response_model=DatasetInfo, dependencies=dependencies, tags=["datasets"],
+             operation_id="getDataset", responses={**ERRORS, 404: {"model": ErrorBody, "description": "no such dataset"}})
+    async def dataset(name: str, request: Request) -> DatasetInfo:
+        """One named dataset: its versions, their sizes and sha256 content hashes."""
+        catalog: DatasetCatalog = _state(request).services.catalog
+
+        def find() -> DatasetInfo | None:
+            d = catalog.datasets().get(name)
+            return _info(catalog, d) if d is not None else None
+
+        info = await asyncio.to_thread(find)
+        if info is None:
+            raise HTTPException(404, f"no dataset {name!r}; GET /v1/datasets lists them")
+        return info
+
+
+def _info(catalog: DatasetCatalog, d: NamedDataset) -> DatasetInfo:
+    versions = []
+    for key in sorted(d.versions, key=natural_order):
+        v = d.versions[key]
+        try:
+            digest = catalog.sha256(v)
+        except Exception as exc:  # a broken file or plugin: listed, without a hash (submitting it says why)
+            logger.warning("dataset %s version %s: no hash: %r", d.name, key, exc)
+            digest = None
+        versions.append(DatasetVersionInfo(**v.describe(digest)))
+    return DatasetInfo(name=d.name, description=d.description, latest=d.latest, versions=versions)
 
 
 def _unprocessable(message: str) -> JSONResponse:

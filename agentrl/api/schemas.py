@@ -42,6 +42,25 @@ class EvalCreated(BaseModel):
     links: Links
 
 
+class DatasetRef(BaseModel):
+    """Which content a task ran on (from its stored spec: filled in at submission)."""
+
+    name: str | None = Field(default=None, description="the named dataset, if one")
+    version: str | None = None
+    path: str | None = Field(default=None, description="the server-side file, if one")
+    items: int | None = Field(default=None, description="inline items, if given so")
+    sha256: str | None = Field(default=None, description="content hash (see GET /v1/datasets/{name})")
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> DatasetRef | None:
+        d = spec.get("dataset")
+        if not isinstance(d, dict):
+            return None
+        items = d.get("items")
+        return cls(name=d.get("name"), version=d.get("version"), path=d.get("path"), sha256=d.get("sha256"),
+                   items=len(items) if isinstance(items, list) else None)
+
+
 class EvalState(BaseModel):
     """A task: status, progress, metrics (partial while it runs), and the spec it was submitted with."""
 
@@ -64,6 +83,7 @@ class EvalState(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     links: Links
+    dataset: DatasetRef | None = Field(default=None, description="the dataset's name, version and sha256")
     spec: dict[str, Any] | None = None
 
     @classmethod
@@ -71,7 +91,7 @@ class EvalState(BaseModel):
         return cls(id=t.id, name=str(t.spec.get("name", "")), status=t.status, progress=progress(t),
                    metrics=t.metrics, error=t.error, attempts=t.attempts, created_at=t.created_at,
                    started_at=t.started_at, finished_at=t.finished_at, links=links(t.id),
-                   spec=t.spec if with_spec else None)
+                   dataset=DatasetRef.of(t.spec), spec=t.spec if with_spec else None)
 
 
 class EvalList(BaseModel):
@@ -182,3 +202,30 @@ class Comparison(BaseModel):
     interval_method: str = "paired-bootstrap"
     discordant: list[int] | None = Field(default=None, description="McNemar: items [b better, a better]")
     significant: bool = Field(description="p_value < 1 - level")
+
+
+class DatasetVersionInfo(BaseModel):
+    version: str
+    source: str = Field(description="file (under a dataset root), plugin (agentrl.datasets) or builtin (a generator)")
+    sha256: str | None = Field(description="content hash (None for a generator: it depends on n and seed)")
+    size_bytes: int | None = Field(default=None, description="a file's size")
+
+
+class DatasetInfo(BaseModel):
+    """A named dataset: use it as ``dataset: {name, version?}`` in a spec."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "name": "gsm8k-mini", "description": "200 grade-school problems", "latest": "v2", "versions": [
+            {"version": "v1", "source": "file", "size_bytes": 51234,
+             "sha256": "9f2b5c0e6d4a4f7e8a1b2c3d4e5f6a7b9f2b5c0e6d4a4f7e8a1b2c3d4e5f6a7b"},
+            {"version": "v2", "source": "file", "size_bytes": 52001,
+             "sha256": "0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f60c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5"}]}]})
+
+    name: str
+    description: str = ""
+    latest: str = Field(description="the version a spec without one gets")
+    versions: list[DatasetVersionInfo]
+
+
+class DatasetList(BaseModel):
+    datasets: list[DatasetInfo]

@@ -59,7 +59,14 @@ class DatasetSpec(_Strict):
 
     items: list[DatasetItem] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
     name: str | None = Field(default=None, min_length=1, max_length=128,
-                             description="registered dataset, e.g. 'arithmetic:heldout'; sized by n and seed")
+                             description="a named dataset (GET /v1/datasets), e.g. 'arithmetic:heldout' (a generator: "
+                                         "sized by n and seed) or a benchmark file or plugin of the server")
+    version: str | None = Field(default=None, min_length=1, max_length=128,
+                                description="version of the named dataset (default: its latest); filled in when the "
+                                            "task is submitted")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                               description="the content's sha256 (GET /v1/datasets/{name}); given: the task is refused "
+                                           "unless the content matches; filled in when the task is submitted")
     path: str | None = Field(default=None, min_length=1, max_length=4096,
                              description="a dataset on the server: .jsonl, .json, .parquet, .arrow or a "
                                          "save_to_disk folder")
@@ -78,6 +85,8 @@ class DatasetSpec(_Strict):
         given = [k for k in ("items", "name", "path") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of 'items', 'name' or 'path' (got {given or 'none'})")
+        if self.version is not None and self.name is None:
+            raise ValueError("'version' goes with 'name' (a named dataset)")
         return self
 
     def size_hint(self) -> int | None:
