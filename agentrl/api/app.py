@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 
 from agentrl._http import BodyLimit, bearer_auth
 from agentrl.api.base import ApiSettings, TaskStatus
-from agentrl.api.routes import add_routes
+from agentrl.api.routes import add_routes, operation_id
 from agentrl.api.schemas import (
     EnvironmentInfo,
     EnvironmentList,
@@ -102,7 +102,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             app.state.agentrl = _State(store, svc, workers)
             yield
 
-    app = FastAPI(title="agentrl evaluation API", version="1", lifespan=lifespan,
+    app = FastAPI(title="agentrl evaluation API", version="1", lifespan=lifespan, generate_unique_id_function=operation_id,
                   description=__doc__.split("\n\n", 1)[1] if __doc__ else "")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,  # type: ignore[arg-type]
                        hint="; send fewer items inline or put the dataset in a server-side file")

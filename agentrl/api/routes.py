@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
@@ -52,6 +53,20 @@ _SSE_DOC = {200: {"description": (
     "content": {"text/event-stream": {"schema": {"type": "string"}, "example": (
         'id: 1767225600000-0\nevent: status\ndata: {"status": "running", "attempts": 1}\n\n'
         'id: 1767225600412-0\nevent: progress\ndata: {"done": 1, "total": 4, "errors": 0, "fraction": 0.25}\n\n')}}}}
+
+
+#: stable operationIds of the routes of agentrl.api.app (by function name); generated clients name methods after them
+OPERATION_IDS = {"submit": "createEval", "list_evals": "listEvals", "get_eval": "getEval",
+                 "results": "getEvalResults", "cancel": "cancelEval", "environments": "listEnvironments",
+                 "healthz": "getHealth"}
+
+
+def operation_id(route: APIRoute) -> str:
+    """A route's operationId: its ``operation_id``, else :data:`OPERATION_IDS`, else its name in camelCase."""
+    if route.name in OPERATION_IDS:
+        return OPERATION_IDS[route.name]
+    head, *rest = route.name.split("_")
+    return head + "".join(w.title() for w in rest)
 
 
 def _state(request: Request) -> Any:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentrl.api.base import TaskStatus
+from agentrl.api.records import Metrics, SampleRecordBody
 from agentrl.api.store import TaskRecord
 
 _METRICS_EXAMPLE: dict[str, Any] = {
@@ -15,6 +16,15 @@ _METRICS_EXAMPLE: dict[str, Any] = {
     "tool_error_rate": 0.333, "mean_prompt_tokens": 96.0, "mean_response_tokens": 140.5,
     "mean_model_tokens": 120.25, "total_tokens": 946, "total_model_tokens": 481,
     "finish_reasons": {"stop": 3, "length": 1}, "token_level": True,
+    "intervals": {
+        "mean_reward": {"estimate": 0.5, "stderr": 0.25, "low": 0.0, "high": 1.0, "method": "bootstrap", "n": 1,
+                        "level": 0.95},
+        "accuracy": {"estimate": 0.5, "stderr": None, "low": None, "high": None, "method": "bootstrap", "n": 1,
+                     "level": 0.95},
+        "pass@1": {"estimate": 0.5, "stderr": None, "low": None, "high": None, "method": "bootstrap", "n": 1,
+                   "level": 0.95},
+        "pass@4": {"estimate": 1.0, "stderr": 0.0, "low": 0.025, "high": 1.0, "method": "clopper-pearson", "n": 1,
+                   "level": 0.95}},
 }
 
 
@@ -76,7 +86,7 @@ class EvalState(BaseModel):
     name: str = ""
     status: TaskStatus
     progress: Progress
-    metrics: dict[str, Any] | None = Field(default=None, description="see agentrl.eval.metrics; None before any sample")
+    metrics: Metrics | None = Field(default=None, description="see agentrl.eval.metrics; None before any sample")
     error: str | None = None
     attempts: int = 0
     created_at: float
@@ -89,9 +99,19 @@ class EvalState(BaseModel):
     @classmethod
     def of(cls, t: TaskRecord, *, with_spec: bool = True) -> EvalState:
         return cls(id=t.id, name=str(t.spec.get("name", "")), status=t.status, progress=progress(t),
-                   metrics=t.metrics, error=t.error, attempts=t.attempts, created_at=t.created_at,
+                   metrics=_metrics(t.metrics), error=t.error, attempts=t.attempts, created_at=t.created_at,
                    started_at=t.started_at, finished_at=t.finished_at, links=links(t.id),
                    dataset=DatasetRef.of(t.spec), spec=t.spec if with_spec else None)
+
+
+def _metrics(stored: dict[str, Any] | None) -> Metrics | None:
+    """Stored metrics as the typed body; metrics this model does not fit (an older server's) go out as stored."""
+    if stored is None:
+        return None
+    try:
+        return Metrics.model_validate(stored)
+    except ValidationError:
+        return Metrics.model_construct(**stored)
 
 
 class EvalList(BaseModel):
@@ -126,7 +146,7 @@ class ResultsPage(BaseModel):
     offset: int
     limit: int
     next_offset: int | None = Field(description="offset of the next page; None when this page is the last so far")
-    records: list[dict[str, Any]]
+    records: list[SampleRecordBody]
 
 
 class ToolInfo(BaseModel):
