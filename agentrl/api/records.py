@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_PASS_AT_K = {"^pass@[0-9]+$": {"anyOf": [{"type": "number"}, {"type": "null"}],
+_PASS_AT_K: dict[str, Any] = {"^pass@[0-9]+$": {"anyOf": [{"type": "number"}, {"type": "null"}],
                                 "description": "unbiased pass@k averaged over items with >= k ok samples"}}
 
 

@@ -46,7 +46,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "descrip
 EVENT_ID = r"^[0-9]{1,20}(-[0-9]{1,20})?$"
 METRIC = r"^(accuracy|mean_reward|pass@[1-9][0-9]{0,2})$"
 
-_SSE_DOC = {200: {"description": (
+_SSE_DOC: dict[int | str, dict[str, Any]] = {200: {"description": (
     "`text/event-stream`; each event has an `id` (give it back as `Last-Event-ID` to resume), an `event` kind and "
     "JSON `data`: `status` {status, attempts?}, `progress` {done, total, errors, fraction}, `metrics` (partial "
     "metrics), `end` (the final task state, as GET /v1/evals/{id} shows it; the stream ends after it)"),
