@@ -119,7 +119,7 @@ class EvalWorkers:
         """Append an event to the task's stream; a Redis failure is logged, not raised (module docstring)."""
         try:
             await self.store.add_event(task_id, kind, data, maxlen=self.settings.events_maxlen)
-        except AgentRLError as exc:
+        except (AgentRLError, ValueError) as exc:  # ValueError: not JSON (a NaN would be a bug upstream)
             logger.warning("eval task %s: event %s not stored: %s", task_id, kind, exc)
 
     async def announce_cancel(self, task_id: str, before: TaskStatus) -> None:

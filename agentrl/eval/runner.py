@@ -328,7 +328,8 @@ async def run_plan(plan: EvalPlan, tasks: Sequence[Task], *, engine: InferenceEn
         work.result()  # re-raise its error
     cancelled = not finished
     records = [*done.values(), *run.records]
-    metrics = compute_metrics(records, plan.pass_k, item_groups(tasks, plan.group_by))
+    # in a thread: bootstrap intervals over thousands of items take about a second
+    metrics = await asyncio.to_thread(compute_metrics, records, plan.pass_k, item_groups(tasks, plan.group_by))
     return EvalResult(status="cancelled" if cancelled else "succeeded", metrics=metrics, records=tuple(records),
                       total=len(tasks) * plan.samples_per_item, wall_time_s=round(time.monotonic() - t0, 3))
 

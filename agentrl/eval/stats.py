@@ -73,7 +73,7 @@ def _ratio(s: Any, c: Any, axis: int = -1) -> Any:
 
 
 def _bootstrap(data: tuple[Any, ...], statistic: Any, *, level: float, seed: int,
-               resamples: int) -> tuple[float, float, float]:
+               resamples: int) -> tuple[float, float, float | None]:
     """(low, high, standard error) of a percentile bootstrap over the paired rows of ``data``."""
     with warnings.catch_warnings():  # all-equal values: a zero-width interval, which is the right answer here
         warnings.simplefilter("ignore")
@@ -84,7 +84,8 @@ def _bootstrap(data: tuple[Any, ...], statistic: Any, *, level: float, seed: int
     est = float(statistic(*(np.asarray(d) for d in data)))
     if math.isnan(low) or math.isnan(high):  # scipy says nan when every resample is equal
         low = high = est
-    return low, high, float(res.standard_error)
+    se = float(res.standard_error)
+    return low, high, se if math.isfinite(se) else None
 
 
 def item_interval(sums: Sequence[float], counts: Sequence[float], *, binary: bool, level: float = LEVEL,

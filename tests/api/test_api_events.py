@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 from api_support import body
 from fastapi import FastAPI, Request, Response
 
 from agentrl.api import ApiSettings
-from agentrl.client import AsyncEvalClient
+from agentrl.client import ApiError, AsyncEvalClient, EvalClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from openai_support import FakeOpenAI, Reply, Served  # noqa: E402
@@ -96,6 +97,16 @@ async def test_events_of_a_cancelled_queued_task_and_bad_requests(settings: ApiS
         events = await read_events(http, eval_id)
         assert [(e["event"], e["data"]["status"]) for e in events] == [
             ("status", "queued"), ("status", "cancelled"), ("end", "cancelled")]
+        def blocking() -> list[dict[str, Any]]:
+            with EvalClient(server.url) as sync:
+                return list(sync.events(eval_id, last_event_id=events[0]["id"]))
+
+        later = await asyncio.to_thread(blocking)  # the blocking client, resuming after the first event
+        assert [(e["event"], e["data"]["status"]) for e in later] == [("status", "cancelled"), ("end", "cancelled")]
+        assert [e["id"] for e in later] == [e["id"] for e in events[1:]]
+        with pytest.raises(ApiError) as info:
+            [e async for e in client.events("nope")]
+        assert info.value.status == 404
         assert (await http.get("/v1/evals/nope/events")).status_code == 404
         r = await http.get(f"/v1/evals/{eval_id}/events", headers={"Last-Event-ID": "yesterday"})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["header", "Last-Event-ID"]
