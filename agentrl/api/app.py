@@ -102,7 +102,8 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             app.state.agentrl = _State(store, svc, workers)
             yield
 
-    app = FastAPI(title="agentrl evaluation API", version="1", lifespan=lifespan, generate_unique_id_function=operation_id,
+    app = FastAPI(title="agentrl evaluation API", version="1", lifespan=lifespan,
+                  generate_unique_id_function=operation_id,
                   description=__doc__.split("\n\n", 1)[1] if __doc__ else "")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,  # type: ignore[arg-type]
                        hint="; send fewer items inline or put the dataset in a server-side file")

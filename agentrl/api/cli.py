@@ -60,7 +60,8 @@ def serve(
                                dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)),
                                namespace=namespace, webhook_secret=webhook_secret)
     except ValidationError as exc:
-        raise typer.BadParameter("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise typer.BadParameter(problems) from None
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV}", fg=typer.colors.YELLOW, err=True)
     try:

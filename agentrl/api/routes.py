@@ -77,7 +77,7 @@ def add_routes(app: FastAPI, dependencies: list[Any]) -> None:
     """Mount this module's routes on ``app`` (``dependencies``: the /v1 auth)."""
 
     @app.get("/v1/evals/compare", response_model=Comparison, dependencies=dependencies, tags=["evals"],
-             operation_id="compareEvals", responses={**ERRORS, 404: {"model": ErrorBody, "description": "no such task"}})
+             operation_id="compareEvals", responses={**ERRORS, **NOT_FOUND})
     async def compare(request: Request,
                       a: Annotated[str, Query(min_length=1, max_length=128, description="id of the baseline run")],
                       b: Annotated[str, Query(min_length=1, max_length=128, description="id of the other run")],
@@ -128,7 +128,8 @@ def add_routes(app: FastAPI, dependencies: list[Any]) -> None:
             lambda: [_info(catalog, d) for d in catalog.datasets().values()]))
 
     @app.get("/v1/datasets/{name}", response_model=DatasetInfo, dependencies=dependencies, tags=["datasets"],
-             operation_id="getDataset", responses={**ERRORS, 404: {"model": ErrorBody, "description": "no such dataset"}})
+             operation_id="getDataset",
+             responses={**ERRORS, 404: {"model": ErrorBody, "description": "no such dataset"}})
     async def dataset(name: str, request: Request) -> DatasetInfo:
         """One named dataset: its versions, their sizes and sha256 content hashes."""
         catalog: DatasetCatalog = _state(request).services.catalog

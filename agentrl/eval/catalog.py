@@ -192,7 +192,11 @@ class DatasetCatalog:
         with self._lock:
             if key in self._hashes:
                 return self._hashes[key]
-        digest = tasks_sha256(self._plugin_tasks(v)) if v.source == "plugin" else file_sha256(v.path)  # type: ignore[arg-type]
+        if v.source == "plugin":
+            digest = tasks_sha256(self._plugin_tasks(v))
+        else:
+            assert v.path is not None
+            digest = file_sha256(v.path)
         with self._lock:
             self._hashes[key] = digest
         return digest
