@@ -91,7 +91,7 @@ def add_routes(app: FastAPI, dependencies: list[Any]) -> None:
         for name, t in zip(("a", "b"), tasks):
             if t is None:
                 raise HTTPException(404, f"no evaluation task {(a if name == 'a' else b)!r} (query parameter {name})")
-        rows = [await store.load_records(a), await store.load_records(b)]
+        rows = [(await store.results(i, 0, 10**9))[1] for i in (a, b)]  # JSON, parsed off the loop
         try:
             out = await asyncio.to_thread(_compare, rows[0], rows[1], metric)
         except ValueError as exc:
@@ -161,9 +161,9 @@ def _unprocessable(message: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": ["query"], "msg": message, "type": "value_error"}]}, status_code=422)
 
 
-def _compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    scores_a, binary_a = item_scores((SampleRecord.from_dict(r) for r in rows_a), metric)
-    scores_b, binary_b = item_scores((SampleRecord.from_dict(r) for r in rows_b), metric)
+def _compare(rows_a: list[str], rows_b: list[str], metric: str) -> dict[str, Any]:
+    scores_a, binary_a = item_scores((SampleRecord.from_dict(json.loads(r)) for r in rows_a), metric)
+    scores_b, binary_b = item_scores((SampleRecord.from_dict(json.loads(r)) for r in rows_b), metric)
     shared = sorted(set(scores_a) & set(scores_b))
     if not shared:
         raise ValueError(f"the two runs have no item both scored under {metric} (compare runs of the same dataset; "
