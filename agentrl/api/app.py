@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 
 from agentrl._http import BodyLimit, bearer_auth
 from agentrl.api.base import ApiSettings, TaskStatus
+from agentrl.api.routes import add_routes, operation_id
 from agentrl.api.schemas import (
     EnvironmentInfo,
     EnvironmentList,
@@ -44,6 +45,7 @@ from agentrl.api.schemas import (
     links,
 )
 from agentrl.api.store import TaskStore
+from agentrl.api.webhooks import check_webhook
 from agentrl.api.worker import EvalWorkers
 from agentrl.errors import ConfigError, QueueError
 from agentrl.eval.base import SpecError, UnknownEnvironmentError
@@ -101,12 +103,14 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             yield
 
     app = FastAPI(title="agentrl evaluation API", version="1", lifespan=lifespan,
+                  generate_unique_id_function=operation_id,
                   description=__doc__.split("\n\n", 1)[1] if __doc__ else "")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,  # type: ignore[arg-type]
                        hint="; send fewer items inline or put the dataset in a server-side file")
     _errors(app)
     v1 = [Depends(bearer_auth(settings.token, hint=" (Authorization: Bearer <AGENTRL_API_TOKEN>)",
                               description="required when the server has AGENTRL_API_TOKEN set"))]
+    add_routes(app, v1)  # first: /v1/evals/compare before /v1/evals/{eval_id}
 
     @app.post("/v1/evals", status_code=202, response_model=EvalCreated, dependencies=v1, tags=["evals"],
               responses={**_ERRORS, 404: {"model": ErrorBody, "description": "unknown environment"},
@@ -115,9 +119,11 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             "summary": "ReTool math with the bundled tiny model", "value": EXAMPLE}})],
             s: State, response: Response) -> EvalCreated:
         """Queue an evaluation; poll ``GET /v1/evals/{id}`` for its status and metrics."""
-        tasks = await s.services.prepare(spec)
+        spec, tasks = await s.services.resolve(spec)  # the stored spec records the dataset's version and sha256
+        check_webhook(spec.webhook_url, settings)
         total = len(tasks) * spec.samples_per_item
         task_id = await s.store.submit(spec.model_dump(mode="json"), tasks_to_json(tasks), total)
+        await s.workers.emit(task_id, "status", {"status": TaskStatus.QUEUED.value})
         s.workers.wake()
         response.headers["Location"] = f"/v1/evals/{task_id}"
         return EvalCreated(id=task_id, status=TaskStatus.QUEUED, links=links(task_id),
@@ -168,6 +174,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
         if before in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
             raise HTTPException(409, f"evaluation task {eval_id} already {before.value}; nothing to cancel")
         s.workers.cancelled(eval_id)
+        await s.workers.announce_cancel(eval_id, before)
         t = await s.store.get(eval_id)
         assert t is not None
         return EvalState.of(t)

@@ -15,7 +15,7 @@ from typing import IO, Annotated, Any
 
 import typer
 
-from agentrl.api.base import TOKEN_ENV
+from agentrl.api.base import TOKEN_ENV, WEBHOOK_SECRET_ENV
 from agentrl.errors import AgentRLError, ConfigError
 
 
@@ -41,20 +41,27 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn and agentrl log level")] = "info",
     imports: Annotated[list[str] | None, typer.Option("--import", help="a module or .py file to import first (it "
                                                       "registers environments and tools; repeatable)")] = None,
+    webhook_secret: Annotated[str | None, typer.Option(envvar=WEBHOOK_SECRET_ENV, help="key of the webhooks' "
+                                                       "HMAC-SHA256 signature (unset: no webhooks)")] = None,
 ) -> None:
     """Serve the evaluation REST API (POST /v1/evals, GET /v1/evals/ID and its results, DELETE, environments)."""
     import uvicorn
+    from pydantic import ValidationError
 
     from agentrl.api.app import create_app
     from agentrl.api.base import ApiSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ApiSettings(token=token, redis_url=redis_url, data_dir=data_dir, max_tasks=max_tasks,
-                           max_episodes=max_episodes, max_servers=max_servers,
-                           sandbox=_sandbox_config(sandbox, max_sandbox), lease_s=lease_s,
-                           runs_dir=runs_dir,
-                           dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)),
-                           namespace=namespace)
+    try:
+        settings = ApiSettings(token=token, redis_url=redis_url, data_dir=data_dir, max_tasks=max_tasks,
+                               max_episodes=max_episodes, max_servers=max_servers,
+                               sandbox=_sandbox_config(sandbox, max_sandbox), lease_s=lease_s,
+                               runs_dir=runs_dir,
+                               dataset_dirs=dataset_dir or [Path(".")], max_body_bytes=int(max_body_mb * (1 << 20)),
+                               namespace=namespace, webhook_secret=webhook_secret)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise typer.BadParameter(problems) from None
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV}", fg=typer.colors.YELLOW, err=True)
     try:

@@ -190,3 +190,25 @@ class TaskStore:
     async def load_records(self, task_id: str) -> list[dict[str, Any]]:
         rows = await self._do(lambda: self.r.lrange(self._key("results", task_id), 0, -1))
         return [json.loads(r) for r in rows]
+
+    # ------------------------------------------------------------------------------------------------ events
+    # ``N:events:<id>``: a stream of the task's events (``kind``, ``data`` JSON), trimmed to about ``maxlen``
+    # entries; the entry id is the event id of ``GET /v1/evals/{id}/events`` (``Last-Event-ID`` resumes after it).
+
+    async def add_event(self, task_id: str, kind: str, data: dict[str, Any], *, maxlen: int = 10_000) -> str:
+        """Append an event to the task's stream; returns its id."""
+        fields: dict[Any, Any] = {"kind": kind, "data": json.dumps(data, allow_nan=False)}
+        out = await self._do(lambda: self.r.xadd(self._key("events", task_id), fields, maxlen=maxlen,
+                                                  approximate=True))
+        return out.decode() if isinstance(out, bytes) else str(out)
+
+    async def read_events(self, task_id: str, after: str, *, block_ms: int | None,
+                          count: int = 200) -> list[tuple[str, str, str]]:
+        """Events after id ``after`` (``"0"``: from the first kept), as ``(id, kind, data JSON)``; waits up to
+        ``block_ms`` for one (None: does not wait)."""
+        key = self._key("events", task_id)
+        out: Any = await self._do(lambda: self.r.xread({key: after}, count=count, block=block_ms))
+        if not out:
+            return []
+        entries = out[0][1] if isinstance(out, list) else next(iter(out.values()))[0]
+        return [(eid.decode(), f[b"kind"].decode(), f[b"data"].decode()) for eid, f in entries]
