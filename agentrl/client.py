@@ -8,6 +8,14 @@
     with EvalClient("http://127.0.0.1:8000") as c:     # the same, blocking
         print(c.wait(c.submit(spec))["metrics"])
 
+        for event in c.events(eval_id): ...            # server-sent events until the task ends (resumes itself)
+        c.compare(a, b, metric="pass@1")                # do two runs differ? (paired over items)
+        c.datasets(); c.dataset("gsm8k")                # named datasets, versions, sha256
+        for state in c.iter_evals(status="succeeded", labels={"team": "a"}): ...   # cursor-paged listing
+        c.purge(eval_id); c.status()                    # delete a task and its results; the service (admin)
+
+Each method is one operation of the server's OpenAPI schema (:data:`OPERATIONS`; a test checks the two agree).
+
 Reads (GET) are retried while the server restarts (connection refused, a dropped reply, 502/503/504:
 ``retries`` times, the delay doubling from 0.25 s to 5 s, by :class:`agentrl.retry.Retry`). A submission is
 retried the same way with one ``Idempotency-Key`` (a new UUID per ``submit`` unless given): a retry after a lost
@@ -19,6 +27,7 @@ server's detail (status 0: unreachable).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,6 +39,11 @@ from agentrl.errors import AgentRLError
 from agentrl.retry import Retry
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+#: operationId of the server's OpenAPI schema -> the client method calling it (the same name on both clients)
+OPERATIONS = {"createEval": "submit", "getEval": "get", "listEvals": "list_evals", "cancelEval": "cancel",
+              "getEvalResults": "results", "getEvalEvents": "events", "compareEvals": "compare",
+              "listDatasets": "datasets", "getDataset": "dataset", "listEnvironments": "environments",
+              "getHealth": "health", "getStatus": "status"}
 _RETRY_STATUS = frozenset({0, 502, 503, 504})  # 0: the server could not be reached
 
 
@@ -63,6 +77,33 @@ def _headers(token: str | None) -> dict[str, str]:
 
 def _unreachable(exc: httpx.TransportError, method: str, path: str) -> ApiError:
     return ApiError(0, f"cannot reach the server: {exc!r}", method=method, url=path)
+
+
+class _SSE:
+    """Server-sent events from lines: ``feed`` returns ``{"event", "data" (parsed JSON), "id"?}`` at each blank
+    line that ends an event (comments and pings are skipped)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+
+    def feed(self, line: str) -> dict[str, Any] | None:
+        if line:
+            if not line.startswith(":"):
+                key, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                self.fields[key] = self.fields[key] + "\n" + value if key == "data" and key in self.fields else value
+            return None
+        fields, self.fields = self.fields, {}
+        if "data" not in fields:
+            return None
+        event: dict[str, Any] = {"event": fields.get("event", "message"), "data": json.loads(fields["data"])}
+        if "id" in fields:
+            event["id"] = fields["id"]
+        return event
+
+
+def _stream_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, httpx.TransportError) or _retryable(exc)
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -176,6 +217,46 @@ class AsyncEvalClient:
                 raise TimeoutError(f"evaluation {eval_id} is still {state['status']} after {timeout_s}s")
             await asyncio.sleep(poll_s)
 
+    async def events(self, eval_id: str, *, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The task's events (``{"event", "data", "id"}``: status, progress, metrics, end) until it ends; after
+        ``last_event_id`` if given. A dropped connection is resumed where it broke (``retries`` times)."""
+        last = last_event_id
+        failures = 0
+        while True:
+            headers = {"Last-Event-ID": last} if last else {}
+            parser = _SSE()
+            try:
+                async with self._http.stream("GET", f"/v1/evals/{eval_id}/events", headers=headers) as resp:
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        _parse(resp)
+                    async for line in resp.aiter_lines():
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        failures = 0
+                        last = event.get("id", last)
+                        yield event
+                        if event["event"] == "end":
+                            return
+                return  # the server ended the stream
+            except (httpx.TransportError, ApiError) as exc:
+                failures += 1
+                if not _stream_retryable(exc) or failures > self.retries:
+                    raise exc if isinstance(exc, ApiError) else _unreachable(exc, "GET", "events") from exc
+                await asyncio.sleep(self._retry.delay_s(failures))
+
+    async def compare(self, a: str, b: str, *, metric: str = "accuracy") -> dict[str, Any]:
+        """Whether run ``b`` differs from run ``a`` on ``metric`` (paired over items): difference, interval, p."""
+        return dict(await self._get("/v1/evals/compare", a=a, b=b, metric=metric))
+
+    async def datasets(self) -> list[dict[str, Any]]:
+        """Named datasets of the server, with versions and sha256."""
+        return list((await self._get("/v1/datasets"))["datasets"])
+
+    async def dataset(self, name: str) -> dict[str, Any]:
+        return dict(await self._get(f"/v1/datasets/{name}"))
+
     async def environments(self) -> list[dict[str, Any]]:
         return list((await self._get("/v1/environments"))["environments"])
 
@@ -272,6 +353,43 @@ class EvalClient:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"evaluation {eval_id} is still {state['status']} after {timeout_s}s")
             time.sleep(poll_s)
+
+    def events(self, eval_id: str, *, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
+        """See :meth:`AsyncEvalClient.events`."""
+        last = last_event_id
+        failures = 0
+        while True:
+            headers = {"Last-Event-ID": last} if last else {}
+            parser = _SSE()
+            try:
+                with self._http.stream("GET", f"/v1/evals/{eval_id}/events", headers=headers) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        _parse(resp)
+                    for line in resp.iter_lines():
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        failures = 0
+                        last = event.get("id", last)
+                        yield event
+                        if event["event"] == "end":
+                            return
+                return
+            except (httpx.TransportError, ApiError) as exc:
+                failures += 1
+                if not _stream_retryable(exc) or failures > self.retries:
+                    raise exc if isinstance(exc, ApiError) else _unreachable(exc, "GET", "events") from exc
+                time.sleep(self._retry.delay_s(failures))
+
+    def compare(self, a: str, b: str, *, metric: str = "accuracy") -> dict[str, Any]:
+        return dict(self._get("/v1/evals/compare", a=a, b=b, metric=metric))
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return list(self._get("/v1/datasets")["datasets"])
+
+    def dataset(self, name: str) -> dict[str, Any]:
+        return dict(self._get(f"/v1/datasets/{name}"))
 
     def environments(self) -> list[dict[str, Any]]:
         return list(self._get("/v1/environments")["environments"])

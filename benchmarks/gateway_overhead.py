@@ -79,14 +79,18 @@ class Chat(Environment):
         return RewardResult.scored(0.0)
 
 
-def chat_agent(turns: int, max_new: int, shared: bool) -> Any:
-    """The agent: a plain ``openai`` client per episode. ``shared``: every episode's client reuses one
-    ``httpx.AsyncClient`` (what the README recommends); else each builds its own, whose SSL context alone costs
-    ~20 ms of CPU even over plain http (certifi's bundle is loaded)."""
+def chat_agent(turns: int, max_new: int, transport: str) -> Any:
+    """The agent: a plain ``openai`` client per episode, whose HTTP client is (``transport``) ``inprocess``: the
+    gateway's in-process client (``client.http_client``, no socket: what the README recommends for agents in the
+    rollout process); ``shared``: one ``httpx.AsyncClient`` over loopback for every episode (what an agent would
+    do whose gateway is in another process); ``own``: each episode's SDK client builds its own, whose SSL context
+    alone costs ~20 ms of CPU even over plain http (certifi's bundle is loaded)."""
     pool: list[httpx.AsyncClient] = []
 
-    def http() -> httpx.AsyncClient | None:
-        if not shared:
+    def http(client: ClientConfig) -> httpx.AsyncClient | None:
+        if transport == "inprocess":
+            return client.http_client
+        if transport == "own":
             return None
         if not pool:
             pool.append(httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)))
@@ -95,9 +99,9 @@ def chat_agent(turns: int, max_new: int, shared: bool) -> Any:
     async def run(task: Task, client: ClientConfig) -> str:
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
         llm = openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0, timeout=600,
-                                 http_client=http())
+                                 http_client=http(client))
         async with contextlib.AsyncExitStack() as stack:
-            if not shared:
+            if transport != "shared":  # the in-process client survives its SDK client's close
                 await stack.enter_async_context(llm)
             for t in range(turns):
                 reply = await llm.chat.completions.create(model=client.model, messages=messages,  # type: ignore[arg-type]
@@ -159,7 +163,7 @@ async def main(args: argparse.Namespace) -> None:
                 LocalGateway(client, tok, GatewayConfig(model_name=args.model)) as gateway:
             native = EpisodeRunner(client, tok, sampling, budget)
             agent = AgentRunner(gateway, tok, sampling, budget)
-            agent_env = agent_factory(chat_agent(args.turns, args.max_new_tokens, not args.client_per_episode),
+            agent_env = agent_factory(chat_agent(args.turns, args.max_new_tokens, args.transport),
                                       reward=no_reward)
 
             def native_round(ts: list[Task]) -> Any:
@@ -200,7 +204,7 @@ async def main(args: argparse.Namespace) -> None:
           f"{(g_tok / g_s) / (n_tok / n_s):.3f}; median of per-round ratios {median:.3f}")
     print(f"gateway_vs_native_ratio={median:.3f} tokens_per_s={g_tok / g_s:.1f} native_tokens_per_s={n_tok / n_s:.1f} "
           f"client_cpu_ms_per_episode={1000 * g_cpu:.2f} native_client_cpu_ms_per_episode={1000 * n_cpu:.2f} "
-          f"shared_http_client={int(not args.client_per_episode)} cpu={cpu_model()} commit={commit()}")
+          f"transport={args.transport} model={args.model} cpu={cpu_model()} commit={commit()}")
 
 
 if __name__ == "__main__":
@@ -210,8 +214,9 @@ if __name__ == "__main__":
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--client-per-episode", action="store_true",
-                   help="each agent episode builds its own HTTP client (its SSL context: ~20 ms CPU each)")
+    p.add_argument("--transport", choices=("inprocess", "shared", "own"), default="inprocess",
+                   help="the agents' HTTP client: the gateway's in-process one (no socket), one shared loopback "
+                        "client, or each episode's own (its SSL context: ~20 ms CPU each)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--url", default=None, help="use a running SGLang server instead of starting one")
     asyncio.run(main(p.parse_args()))

@@ -8,6 +8,7 @@ Keys (``N`` = the namespace, ``{agentrl-evals}`` by default: the braces put ever
 - ``N:items:<id>``    the task's dataset (JSON), frozen at submission
 - ``N:results:<id>``  list of sample records (zlib-compressed JSON), in completion order
 - ``N:done:<id>``     set of the sample keys (``item:sample``) in the results list: a record is stored once
+- ``N:events:<id>``   stream of the task's progress events (``GET /v1/evals/{id}/events``), trimmed
 - ``N:queue``         list of queued task ids (interrupted tasks go to the front)
 - ``N:leases``        sorted set: running task id -> lease expiry (ms, Redis server clock)
 - ``N:ix:<T>:<what>`` sorted sets: task id -> seq, for tenant ``T`` and for ``*`` (every tenant); ``what`` is
@@ -61,7 +62,7 @@ local function purge(ns, id)
   end
   local freed = tonumber(h[5] or '0') + tonumber(h[6] or '0')
   if freed > 0 then redis.call('DECRBY', ns .. ':bytes', freed) end
-  redis.call('DEL', key, ns .. ':items:' .. id, ns .. ':results:' .. id, ns .. ':done:' .. id)
+  redis.call('DEL', key, ns .. ':items:' .. id, ns .. ':results:' .. id, ns .. ':done:' .. id, ns .. ':events:' .. id)
   redis.call('LREM', ns .. ':queue', 0, id)
   redis.call('ZREM', ns .. ':leases', id)
   redis.call('ZREM', ns .. ':finished', id)

@@ -10,6 +10,7 @@
     GET    /v1/environments          registered environments and their tools
     GET    /v1/status                (admin) queue, tasks per status, what this process runs, bytes stored
     GET    /healthz                  liveness
+    (and agentrl.api.routes: GET /v1/evals/{id}/events, /v1/evals/compare, /v1/datasets, /v1/datasets/{name})
 
 Client mistakes are 4xx, never 5xx: 401 without a known bearer token (when tenants or a token are set), 403
 without the route's scope, 404 for an unknown task (or another tenant's) or environment (naming the known
@@ -38,6 +39,7 @@ from agentrl._http import BodyLimit
 from agentrl.api.auth import Admin, Authenticator, Canceller, Principal, Reader, Submitter, authenticated
 from agentrl.api.base import ApiSettings, IdempotencyConflict, StoreFull, TaskStatus
 from agentrl.api.policy import SpecPolicy
+from agentrl.api.routes import add_routes, operation_id
 from agentrl.api.schemas import (
     EnvironmentInfo,
     EnvironmentList,
@@ -54,6 +56,7 @@ from agentrl.api.schemas import (
     progress,
 )
 from agentrl.api.store import ListQuery, TaskRecord, TaskStore
+from agentrl.api.webhooks import check_webhook
 from agentrl.api.worker import EvalWorkers
 from agentrl.errors import ConfigError, QueueError
 from agentrl.eval.base import SpecError, UnknownEnvironmentError
@@ -132,6 +135,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
             yield
 
     app = FastAPI(title="agentrl evaluation API", version="1", lifespan=lifespan,
+                  generate_unique_id_function=operation_id,
                   description=__doc__.split("\n\n", 1)[1] if __doc__ else "")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,  # type: ignore[arg-type]
                        hint="; send fewer items inline or put the dataset in a server-side file")
@@ -139,6 +143,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
     app.state.authenticator = Authenticator(settings.all_tenants())
     policy = SpecPolicy(model_hosts=settings.model_hosts, model_dirs=settings.model_dirs)
     v1 = [Depends(authenticated)]
+    add_routes(app, v1)  # first: /v1/evals/compare before /v1/evals/{eval_id}
 
     @app.post("/v1/evals", status_code=202, response_model=EvalCreated, tags=["evals"],
               responses={**_ERRORS, 200: {"model": EvalCreated, "description": "this Idempotency-Key's task "
@@ -156,17 +161,19 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
                             "the same task (200), with another body a 409")] = None) -> EvalCreated:
         """Queue an evaluation; poll ``GET /v1/evals/{id}`` for its status and metrics."""
         policy.check(spec)
-        body = spec.model_dump(mode="json")
-        if idempotency_key is not None:  # a retry answers at once, without loading the dataset again
-            seen = await s.store.replay(body, tenant=p.name, idempotency_key=idempotency_key)
+        request = spec.model_dump(mode="json")  # what an Idempotency-Key is bound to: the request, not its resolution
+        if idempotency_key is not None:  # a retry answers at once, without resolving the dataset again
+            seen = await s.store.replay(request, tenant=p.name, idempotency_key=idempotency_key)
             if seen is not None and (t := await s.store.get(seen)) is not None:
                 return _replayed(t, response)
-        tasks = await s.services.prepare(spec)
+        spec, tasks = await s.services.resolve(spec)  # the stored spec records the dataset's version and sha256
+        check_webhook(spec.webhook_url, settings, policy.host_allowed)
         total = len(tasks) * spec.samples_per_item
-        task_id, new = await s.store.submit(body, tasks_to_json(tasks), total, tenant=p.name,
-                                            idempotency_key=idempotency_key)
+        task_id, new = await s.store.submit(spec.model_dump(mode="json"), tasks_to_json(tasks), total, tenant=p.name,
+                                            idempotency_key=idempotency_key, request=request)
         if not new and (t := await s.store.get(task_id)) is not None:
             return _replayed(t, response)
+        await s.workers.emit(task_id, "status", {"status": TaskStatus.QUEUED.value})
         s.workers.wake()
         response.headers["Location"] = f"/v1/evals/{task_id}"
         return EvalCreated(id=task_id, status=TaskStatus.QUEUED, links=links(task_id),
@@ -239,6 +246,7 @@ def create_app(settings: ApiSettings | None = None, *, services: EvalServices | 
         if before in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
             raise HTTPException(409, f"evaluation task {eval_id} already {before.value}; nothing to cancel")
         s.workers.cancelled(eval_id)
+        await s.workers.announce_cancel(eval_id, before)
         t = await s.store.get(eval_id)
         assert t is not None
         return EvalState.of(t)

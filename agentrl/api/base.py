@@ -21,6 +21,7 @@ from agentrl.rewards.config import RewardsConfig
 from agentrl.sandbox.config import SandboxConfig
 
 TOKEN_ENV = "AGENTRL_API_TOKEN"
+WEBHOOK_SECRET_ENV = "AGENTRL_WEBHOOK_SECRET"
 
 
 class TaskStatus(str, enum.Enum):
@@ -103,13 +104,23 @@ class ApiSettings(BaseModel):
     lease_s: float = Field(default=30.0, gt=0, description="a task whose worker stops heartbeating is re-queued after this")
     max_attempts: int = Field(default=3, ge=1, description="a task interrupted this many times fails")
     poll_s: float = Field(default=0.5, gt=0, description="how often idle workers look for queued tasks")
+    events_maxlen: int = Field(default=10_000, ge=100, le=10_000_000,
+                               description="events kept per task for GET /v1/evals/{id}/events (older ones trimmed)")
+    events_wait_s: float = Field(default=5.0, gt=0, le=25.0,
+                                 description="an event stream's longest wait on Redis before it looks at the task")
+    webhook_secret: str | None = Field(default=None, min_length=16, description=(
+        f"key of the webhooks' HMAC-SHA256 signature (default ${WEBHOOK_SECRET_ENV}); unset: specs with a "
+        "webhook_url are refused"))
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=300, description="deadline of one webhook POST")
+    webhook_attempts: int = Field(default=3, ge=1, le=10,
+                                  description="tries of a webhook (on connection errors, 429 and 5xx)")
     runs_dir: Path = Field(default=Path("runs"), description="where training runs (and their weight versions) live")
     dataset_dirs: list[Path] = Field(default_factory=lambda: [Path(".")],
                                      description="server-side dataset files must lie under one of these")
     model_dirs: list[Path] = Field(default_factory=lambda: [Path(".")],
                                    description="`model.path` (and a tokenizer folder) must lie under one of these")
     model_hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1", "localhost"],
-                                   description="hosts `model.url` / `model.openai_url` may point at: names, IP "
+                                   description="hosts `model.url`, `model.openai_url` and `webhook_url` may name: names, IP "
                                                "addresses or networks (10.0.0.0/8); anything else is a 422")
     idempotency_ttl_s: float = Field(default=86_400.0, gt=0, description="how long an Idempotency-Key is remembered")
     finished_ttl_s: float | None = Field(default=None, gt=0,
@@ -137,8 +148,11 @@ class ApiSettings(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ApiSettings:
-        """Settings with the token from ``$AGENTRL_API_TOKEN`` unless given."""
+        """Settings with the token from ``$AGENTRL_API_TOKEN`` and the webhook secret from
+        ``$AGENTRL_WEBHOOK_SECRET`` unless given."""
         env = os.environ if env is None else env
         if overrides.get("token") is None and env.get(TOKEN_ENV):
             overrides["token"] = env[TOKEN_ENV]
+        if overrides.get("webhook_secret") is None and env.get(WEBHOOK_SECRET_ENV):
+            overrides["webhook_secret"] = env[WEBHOOK_SECRET_ENV]
         return cls(**overrides)

@@ -15,7 +15,7 @@ from typing import IO, Annotated, Any
 
 import typer
 
-from agentrl.api.base import TOKEN_ENV
+from agentrl.api.base import TOKEN_ENV, WEBHOOK_SECRET_ENV
 from agentrl.errors import AgentRLError, ConfigError
 
 
@@ -55,6 +55,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn and agentrl log level")] = "info",
     imports: Annotated[list[str] | None, typer.Option("--import", help="a module or .py file to import first (it "
                                                       "registers environments and tools; repeatable)")] = None,
+    webhook_secret: Annotated[str | None, typer.Option(envvar=WEBHOOK_SECRET_ENV, help="key of the webhooks' "
+                                                       "HMAC-SHA256 signature (unset: no webhooks)")] = None,
 ) -> None:
     """Serve the evaluation REST API (POST /v1/evals, GET /v1/evals/ID and its results, DELETE, environments)."""
     import uvicorn
@@ -72,7 +74,7 @@ def serve(
                                   finished_ttl_s=finished_ttl_s,
                                   max_store_bytes=None if max_store_mb is None else int(max_store_mb * (1 << 20)),
                                   max_body_bytes=None if max_body_mb is None else int(max_body_mb * (1 << 20)),
-                                  namespace=namespace)
+                                  namespace=namespace, webhook_secret=webhook_secret)
         if host not in ("127.0.0.1", "localhost", "::1") and not settings.all_tenants():
             typer.secho(f"warning: serving on {host} without a token; set {TOKEN_ENV} or tenants",
                         fg=typer.colors.YELLOW, err=True)

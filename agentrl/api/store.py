@@ -135,10 +135,11 @@ class TaskStore:
     # ---------------------------------------------------------------------------------------------- API side
 
     async def submit(self, spec: dict[str, Any], items: list[dict[str, Any]], total: int, *,
-                     tenant: str = DEFAULT_TENANT, idempotency_key: str | None = None) -> tuple[str, bool]:
+                     tenant: str = DEFAULT_TENANT, idempotency_key: str | None = None,
+                     request: dict[str, Any] | None = None) -> tuple[str, bool]:
         """Store a new queued task and its dataset; returns (its id, True). With an ``idempotency_key`` seen
-        before (for this tenant, within ``idempotency_ttl_s``) and the same spec: (that task's id, False), and
-        nothing is stored. Raises :class:`IdempotencyConflict` for the same key with another spec, and
+        before (for this tenant, within ``idempotency_ttl_s``) and the same ``request`` (the spec as submitted,
+        before the server resolved it; default ``spec``): (that task's id, False), and nothing is stored. Raises :class:`IdempotencyConflict` for the same key with another spec, and
         :class:`StoreFull` when the store's bytes would pass ``max_store_bytes``. One script: two concurrent
         submissions with one key make one task."""
         task_id = uuid.uuid4().hex
@@ -146,7 +147,8 @@ class TaskStore:
         env = str(spec.get("environment", {}).get("name", ""))
         labels = [label_index(k, v) for k, v in sorted(dict(spec.get("labels") or {}).items())]
         out = await self._script("SUBMIT", [], [
-            self.ns, task_id, tenant, json.dumps(spec), json.dumps(items), total, idem, body_hash(spec),
+            self.ns, task_id, tenant, json.dumps(spec), json.dumps(items), total, idem,
+            body_hash(spec if request is None else request),
             int(self.idempotency_ttl_s * 1000), self.max_store_bytes, env, json.dumps(labels)])
         kind, value = (bytes(x).decode() for x in out)
         if kind == "new":
@@ -325,3 +327,25 @@ class TaskStore:
     async def load_records(self, task_id: str) -> list[dict[str, Any]]:
         rows = await self._do(lambda: self.r.lrange(self._key("results", task_id), 0, -1))
         return [json.loads(unpack_record(r if isinstance(r, bytes) else r.encode())) for r in rows]
+
+    # ------------------------------------------------------------------------------------------------ events
+    # ``N:events:<id>``: a stream of the task's events (``kind``, ``data`` JSON), trimmed to about ``maxlen``
+    # entries; the entry id is the event id of ``GET /v1/evals/{id}/events`` (``Last-Event-ID`` resumes after it).
+
+    async def add_event(self, task_id: str, kind: str, data: dict[str, Any], *, maxlen: int = 10_000) -> str:
+        """Append an event to the task's stream; returns its id."""
+        fields: dict[Any, Any] = {"kind": kind, "data": json.dumps(data, allow_nan=False)}
+        out = await self._do(lambda: self.r.xadd(self._key("events", task_id), fields, maxlen=maxlen,
+                                                  approximate=True))
+        return out.decode() if isinstance(out, bytes) else str(out)
+
+    async def read_events(self, task_id: str, after: str, *, block_ms: int | None,
+                          count: int = 200) -> list[tuple[str, str, str]]:
+        """Events after id ``after`` (``"0"``: from the first kept), as ``(id, kind, data JSON)``; waits up to
+        ``block_ms`` for one (None: does not wait)."""
+        key = self._key("events", task_id)
+        out: Any = await self._do(lambda: self.r.xread({key: after}, count=count, block=block_ms))
+        if not out:
+            return []
+        entries = out[0][1] if isinstance(out, list) else next(iter(out.values()))[0]
+        return [(eid.decode(), f[b"kind"].decode(), f[b"data"].decode()) for eid, f in entries]

@@ -10,6 +10,12 @@
                         (the store's purge script, so indexes and byte counts stay exact; plain Redis EXPIRE on
                         the task's keys would leave them behind) — in every process, even one with max_tasks 0
 
+Events (``GET /v1/evals/{id}/events``) are written where the state changes: ``status`` (queued at submission,
+running at each claim, cancelled by the API, the final status), ``progress`` (each stored record),
+``metrics`` (partial, at a heartbeat that has new records) and ``end`` (the final state, as ``GET /v1/evals/{id}``
+shows it; then the task's webhook, if its spec has one, is sent in the background). An event Redis could not take
+is logged and skipped: the task's own state in Redis is what counts.
+
 On shutdown the running tasks are handed back to the queue (not counted as an attempt); a worker that dies
 without shutting down loses its leases, so its tasks are re-queued by any live worker's reaper and resumed.
 Global limits are the services' own: episodes at once (``EvalServices.limiter``), generate calls per server
@@ -26,13 +32,16 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentrl.api.base import ApiSettings, StoreFull, TaskLost, TaskStatus
+from agentrl.api.schemas import EvalState
 from agentrl.api.store import TaskStore
+from agentrl.api.webhooks import WebhookSender
 from agentrl.errors import AgentRLError, ConfigError, InfrastructureError
 from agentrl.eval.base import SampleRecord
 from agentrl.eval.datasets import tasks_from_json
-from agentrl.eval.metrics import compute_metrics
+from agentrl.eval.metrics import compute_metrics, item_groups
 from agentrl.eval.services import EvalServices
 from agentrl.eval.spec import EvalSpec
 
@@ -46,6 +55,8 @@ class _Progress:
     pass_k: list[int]
     records: list[SampleRecord] = field(default_factory=list)
     dirty: bool = False
+    total: int = 0
+    groups: dict[int, str] | None = None
 
     def add(self, record: SampleRecord) -> None:
         self.records.append(record.without_trajectory())
@@ -53,7 +64,18 @@ class _Progress:
 
     def metrics(self) -> dict[str, object]:
         self.dirty = False
-        return compute_metrics(self.records, self.pass_k)
+        return compute_metrics(self.records, self.pass_k, self.groups)
+
+    async def metrics_off_loop(self) -> dict[str, object]:
+        """:meth:`metrics` in a thread (bootstrap intervals over many items take a while) on a snapshot."""
+        self.dirty = False
+        return await asyncio.to_thread(compute_metrics, list(self.records), self.pass_k, self.groups)
+
+    def counts(self) -> dict[str, Any]:
+        done = len(self.records)
+        errors = sum(1 for r in self.records if not r.ok)
+        return {"done": done, "total": self.total, "errors": errors,
+                "fraction": round(done / self.total, 4) if self.total else 0.0}
 
 
 class EvalWorkers:
@@ -68,6 +90,7 @@ class EvalWorkers:
         self._loops: list[asyncio.Task[None]] = []
         self.running: dict[str, asyncio.Task[None]] = {}
         self._cancels: dict[str, asyncio.Event] = {}
+        self.webhooks = WebhookSender(settings)
 
     async def start(self) -> EvalWorkers:
         loop = asyncio.get_running_loop()
@@ -95,6 +118,37 @@ class EvalWorkers:
             t.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops = []
+        await self.webhooks.aclose()
+
+    async def emit(self, task_id: str, kind: str, data: dict[str, Any]) -> None:
+        """Append an event to the task's stream; a Redis failure is logged, not raised (module docstring)."""
+        try:
+            await self.store.add_event(task_id, kind, data, maxlen=self.settings.events_maxlen)
+        except (AgentRLError, ValueError) as exc:  # ValueError: not JSON (a NaN would be a bug upstream)
+            logger.warning("eval task %s: event %s not stored: %s", task_id, kind, exc)
+
+    async def announce_cancel(self, task_id: str, before: TaskStatus) -> None:
+        """The API cancelled a task that was ``before``: say so; a queued task ends here (no worker will)."""
+        if before is TaskStatus.RUNNING:
+            await self.emit(task_id, "status", {"status": TaskStatus.CANCELLED.value})  # its worker sends the end
+        elif before is TaskStatus.QUEUED:
+            await self._ended(task_id)
+
+    async def _ended(self, task_id: str) -> None:
+        """The task reached its final state: the ``status`` and ``end`` events, then its webhook."""
+        try:
+            rec = await self.store.get(task_id)
+        except AgentRLError as exc:
+            logger.warning("eval task %s: final events not stored: %s", task_id, exc)
+            return
+        if rec is None:
+            return
+        state = EvalState.of(rec, with_spec=False).model_dump(mode="json")
+        await self.emit(task_id, "status", {"status": rec.status.value})
+        await self.emit(task_id, "end", state)
+        url = rec.spec.get("webhook_url")
+        if isinstance(url, str) and url:
+            self.webhooks.schedule(url, state)
 
     async def _slot(self, index: int) -> None:
         while True:
@@ -160,14 +214,18 @@ class EvalWorkers:
             await self._finish(task_id, TaskStatus.FAILED, None, f"the stored task cannot be loaded: {exc!r}")
             return
         logger.info("eval task %s: running (%d of %d samples already stored)", task_id, len(done), rec.total)
-        progress = _Progress(pass_k=spec.pass_k, records=list(done))
+        progress = _Progress(pass_k=spec.pass_k, records=list(done), total=rec.total,
+                             groups=item_groups(tasks, spec.group_by))
+        await self.emit(task_id, "status", {"status": TaskStatus.RUNNING.value, "attempts": rec.attempts})
         cancel = self._cancels[task_id] = asyncio.Event()
         beat = asyncio.get_running_loop().create_task(self._heartbeat(task_id, cancel, progress))
 
         async def on_record(record: SampleRecord) -> None:
             body = json.dumps(record.to_dict(), allow_nan=False)
-            await self.store.append(task_id, self.worker_id, record.key, body, record.ok)
+            stored = await self.store.append(task_id, self.worker_id, record.key, body, record.ok)
             progress.add(record)
+            if stored:
+                await self.emit(task_id, "progress", progress.counts())
 
         try:
             result = await self.services.evaluate(spec, tasks=tasks, completed=done, on_record=on_record,
@@ -200,9 +258,11 @@ class EvalWorkers:
         while True:
             await asyncio.sleep(period)
             try:
-                metrics = progress.metrics() if progress.dirty else None
+                metrics = await progress.metrics_off_loop() if progress.dirty else None
                 status = await self.store.heartbeat(task_id, self.worker_id, lease_s=self.settings.lease_s,
                                                     metrics=metrics)
+                if metrics is not None and status == TaskStatus.RUNNING.value:
+                    await self.emit(task_id, "metrics", metrics)
             except InfrastructureError as exc:  # Redis away for a moment: the lease has 3 beats of slack
                 logger.warning("eval task %s heartbeat failed: %s", task_id, exc)
                 continue
@@ -214,9 +274,12 @@ class EvalWorkers:
     async def _finish(self, task_id: str, status: TaskStatus, metrics: dict[str, object] | None,
                       error: str | None) -> None:
         try:
-            await self.store.finish(task_id, self.worker_id, status, metrics=metrics, error=error)
+            finished = await self.store.finish(task_id, self.worker_id, status, metrics=metrics, error=error)
         except AgentRLError as exc:  # the lease runs out and the task is resumed elsewhere: nothing is lost
             logger.error("eval task %s could not be finished (%s); it will be resumed", task_id, exc)
+            return
+        if finished:
+            await self._ended(task_id)
 
     async def _release(self, task_id: str) -> None:
         try:

@@ -90,7 +90,9 @@ class AgentRunner:
         base = self.gateway.base_url(session)
         return ClientConfig(base_url=base, api_key=session.api_key, model=self.gateway.gateway.config.model_name,
                             anthropic_base_url=base.removesuffix("/v1"),
-                            reward_url=base.removesuffix("/v1") + "/reward", session_id=session.id)
+                            reward_url=base.removesuffix("/v1") + "/reward", session_id=session.id,
+                            http_client=self.gateway.http_client,
+                            anthropic_http_client=self.gateway.anthropic_http_client)
 
     async def _run_agent(self, env: AgentEnv, task: Task, session: Session,
                          client: ClientConfig) -> tuple[Any, str | None]:

@@ -21,16 +21,17 @@ from agentrl.eval.engines import (
     ResolvedModel,
     resolve_model_spec,
 )
-from agentrl.eval.metrics import compute_metrics, pass_at_k
+from agentrl.eval.metrics import compute_metrics, item_scores, pass_at_k
 from agentrl.eval.runner import EvalPlan, TooManyErrors, check_environment, run_eval, run_plan
 from agentrl.eval.services import EvalServices, evaluate
 from agentrl.eval.spec import DatasetItem, DatasetSpec, EnvironmentSpec, EvalSpec, ModelSpec, SamplingSpec
+from agentrl.eval.stats import Interval, PairedComparison, clopper_pearson, compare_paired, item_interval
 from agentrl.rewards.base import CORRECT_KEY, correctness_score, is_correct
 
 __all__ = [
     "CORRECT_KEY", "DatasetFactory", "DatasetItem", "DatasetSpec", "EngineLease", "EnvironmentSpec", "EvalPlan",
-    "EvalResult", "EvalServices", "EvalSpec", "LimitedChatEngine", "LimitedEngine", "ModelServers", "ModelSpec", "RecordCallback",
+    "EvalResult", "EvalServices", "EvalSpec", "Interval", "PairedComparison", "LimitedChatEngine", "LimitedEngine", "ModelServers", "ModelSpec", "RecordCallback",
     "ResolvedModel", "SampleRecord", "SamplingSpec", "SpecError", "TooManyErrors", "UnknownEnvironmentError",
-    "builtin_datasets", "check_environment", "compute_metrics", "correctness_score", "evaluate", "is_correct",
-    "load_tasks", "pass_at_k", "resolve_model_spec", "run_eval", "run_plan",
+    "builtin_datasets", "check_environment", "clopper_pearson", "compare_paired", "compute_metrics", "correctness_score", "evaluate", "is_correct",
+    "item_interval", "item_scores", "load_tasks", "pass_at_k", "resolve_model_spec", "run_eval", "run_plan",
 ]

@@ -1,8 +1,11 @@
-"""Evaluation datasets: inline items, registered datasets by name, or a dataset file on this machine.
+"""Evaluation datasets: inline items, named datasets, or a dataset file on this machine.
 
-Registered datasets are a plain ``dict[str, factory]``; a factory is called as ``factory(n, seed)`` and returns
-tasks. Built in: the arithmetic word-problem families of :mod:`agentrl.data.arithmetic` as
-``arithmetic:<family>`` (``arithmetic:heldout`` holds wordings never used for SFT). Files and folders are read by
+Named datasets come from a :class:`agentrl.eval.catalog.DatasetCatalog`: files under the server's dataset roots,
+``agentrl.datasets`` plugins, and generators — a plain ``dict[str, factory]``; a factory is called as
+``factory(n, seed)`` and returns tasks. Built in: the arithmetic word-problem families of
+:mod:`agentrl.data.arithmetic` as ``arithmetic:<family>`` (``arithmetic:heldout`` holds wordings never used for
+SFT). :func:`resolve_tasks` also returns the spec with the dataset's ``version`` and ``sha256`` filled in (what a
+task records). Files and folders are read by
 :mod:`agentrl.data.loader`, the loader training uses (.jsonl, .json, .parquet, .arrow, save_to_disk folders;
 ``prompt_key`` / ``answer_key`` with dotted paths; prompts as strings or chat messages).
 """
@@ -16,6 +19,7 @@ from pathlib import Path
 from agentrl.data import arithmetic
 from agentrl.data.loader import DatasetError, is_dataset_path, load_task_file, task_from_row
 from agentrl.eval.base import SpecError
+from agentrl.eval.catalog import DatasetCatalog, file_sha256, tasks_sha256
 from agentrl.eval.spec import MAX_ITEMS, DatasetSpec
 from agentrl.types import Task
 
@@ -34,31 +38,48 @@ def builtin_datasets() -> dict[str, DatasetFactory]:
 
 
 def load_tasks(spec: DatasetSpec, *, datasets: dict[str, DatasetFactory] | None = None,
-               allowed_dirs: Sequence[Path] | None = None) -> list[Task]:
-    """The tasks of a dataset spec. ``allowed_dirs``: server-side files must lie under one of them, and a
+               allowed_dirs: Sequence[Path] | None = None, catalog: DatasetCatalog | None = None) -> list[Task]:
+    """The tasks of a dataset spec (see :func:`resolve_tasks`)."""
+    return resolve_tasks(spec, datasets=datasets, allowed_dirs=allowed_dirs, catalog=catalog)[0]
+
+
+def resolve_tasks(spec: DatasetSpec, *, datasets: dict[str, DatasetFactory] | None = None,
+                  allowed_dirs: Sequence[Path] | None = None,
+                  catalog: DatasetCatalog | None = None) -> tuple[list[Task], DatasetSpec]:
+    """The tasks of a dataset spec, and the spec with ``version`` (of a named dataset) and ``sha256`` (of the
+    content: see :mod:`agentrl.eval.catalog`) filled in. ``catalog``: the named datasets (default: ``datasets``
+    or the built-ins, and the plugins). ``allowed_dirs``: server-side files must lie under one of them, and a
     relative path is taken relative to the first (None: any path, relative to the working directory, for local
-    runs). Raises :class:`SpecError` naming the field at fault."""
+    runs). Raises :class:`SpecError` naming the field at fault (``dataset.sha256`` when the content is not the
+    one the spec pins)."""
+    version = None
     if spec.items is not None:
         try:
             tasks = [task_from_row(item.model_dump(), i, path="items", id_prefix="item")
                      for i, item in enumerate(spec.items)]
         except DatasetError as exc:
             raise SpecError(("dataset", "items"), exc.message) from None
+        digest: str | None = tasks_sha256(tasks)
     elif spec.name is not None:
-        registry = builtin_datasets() if datasets is None else datasets
-        if spec.name not in registry:
-            raise SpecError(("dataset", "name"), f"unknown dataset {spec.name!r}; registered datasets: "
-                            f"{', '.join(sorted(registry))} (or give 'items' or a server-side 'path')")
-        tasks = registry[spec.name](spec.n, spec.seed)
+        if catalog is None:
+            catalog = DatasetCatalog(builtins=builtin_datasets() if datasets is None else datasets)
+        tasks, version, digest = catalog.load(spec.name, spec.version, n=spec.n, seed=spec.seed,
+                                              prompt_key=spec.prompt_key, answer_key=spec.answer_key,
+                                              max_rows=MAX_ITEMS)
     else:
         assert spec.path is not None
         path = _checked_path(spec.path, allowed_dirs)
         try:
-            return load_task_file(path, prompt_key=spec.prompt_key, answer_key=spec.answer_key, limit=spec.limit,
-                                  max_rows=MAX_ITEMS)
+            tasks = load_task_file(path, prompt_key=spec.prompt_key, answer_key=spec.answer_key, limit=spec.limit,
+                                   max_rows=MAX_ITEMS)
         except DatasetError as exc:
             raise SpecError(("dataset", exc.field), exc.message) from None
-    return tasks[: spec.limit] if spec.limit is not None else tasks
+        digest = file_sha256(path)
+    if spec.sha256 is not None and digest is not None and spec.sha256 != digest:
+        raise SpecError(("dataset", "sha256"), f"the dataset's content has sha256 {digest}, not the {spec.sha256} "
+                        "the spec pins: it changed on the server (drop sha256 to take it as it is)")
+    resolved = spec.model_copy(update={"version": version, "sha256": digest})
+    return (tasks[: spec.limit] if spec.limit is not None else tasks), resolved
 
 
 def _checked_path(raw: str, allowed_dirs: Sequence[Path] | None) -> Path:

@@ -43,7 +43,7 @@ from agentrl.eval.base import (
     finite,
 )
 from agentrl.eval.datasets import load_tasks
-from agentrl.eval.metrics import compute_metrics
+from agentrl.eval.metrics import compute_metrics, item_groups
 from agentrl.eval.spec import EvalSpec
 from agentrl.rewards.base import RewardInput, is_correct
 from agentrl.tokenizer import ChatTokenizer
@@ -87,6 +87,7 @@ class EvalPlan:
     max_consecutive_errors: int | None = 16
     episode_timeout_s: float | None = 600.0
     keep_trajectories: bool = True
+    group_by: str | None = None  # an item metadata key: metrics per group too
 
     @classmethod
     def of(cls, spec: EvalSpec) -> EvalPlan:
@@ -100,7 +101,8 @@ class EvalPlan:
             samples_per_item=spec.samples_per_item, pass_k=tuple(spec.pass_k),
             correct_threshold=spec.correct_threshold, max_concurrency=spec.max_concurrency,
             sample_retries=spec.sample_retries, max_consecutive_errors=spec.max_consecutive_errors,
-            episode_timeout_s=spec.episode_timeout_s, keep_trajectories=spec.keep_trajectories)
+            episode_timeout_s=spec.episode_timeout_s, keep_trajectories=spec.keep_trajectories,
+            group_by=spec.group_by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +328,8 @@ async def run_plan(plan: EvalPlan, tasks: Sequence[Task], *, engine: InferenceEn
         work.result()  # re-raise its error
     cancelled = not finished
     records = [*done.values(), *run.records]
-    metrics = compute_metrics(records, plan.pass_k)
+    # in a thread: bootstrap intervals over thousands of items take about a second
+    metrics = await asyncio.to_thread(compute_metrics, records, plan.pass_k, item_groups(tasks, plan.group_by))
     return EvalResult(status="cancelled" if cancelled else "succeeded", metrics=metrics, records=tuple(records),
                       total=len(tasks) * plan.samples_per_item, wall_time_s=round(time.monotonic() - t0, 3))
 

@@ -18,7 +18,8 @@ from typing import Any, Self
 from agentrl.engine.server import SGLangServerConfig
 from agentrl.env.registry import EnvResources, Registry, default_registry
 from agentrl.eval.base import EvalResult, RecordCallback, SampleRecord, SpecError
-from agentrl.eval.datasets import DatasetFactory, builtin_datasets, load_tasks
+from agentrl.eval.catalog import DatasetCatalog
+from agentrl.eval.datasets import DatasetFactory, builtin_datasets, resolve_tasks
 from agentrl.eval.engines import Launcher, ModelServers, check_model, resolve_model_spec
 from agentrl.eval.runner import check_environment, run_eval
 from agentrl.eval.spec import MAX_SAMPLES, EvalSpec
@@ -41,6 +42,8 @@ class EvalServices:
         self.dataset_dirs = dataset_dirs
         self.registry = registry
         self.datasets = builtin_datasets() if datasets is None else datasets
+        #: named datasets: files under ``dataset_dirs``, ``agentrl.datasets`` plugins, ``datasets``
+        self.catalog = DatasetCatalog(dataset_dirs or (), builtins=self.datasets)
         self._stack = stack or AsyncExitStack()
 
     @classmethod
@@ -70,17 +73,20 @@ class EvalServices:
     async def prepare(self, spec: EvalSpec) -> list[Task]:
         """Check a spec against this process (environment, model, dataset) and load its tasks.
         Raises :class:`agentrl.eval.SpecError` (or its subclass for an unknown environment)."""
+        return (await self.resolve(spec))[1]
+
+    async def resolve(self, spec: EvalSpec) -> tuple[EvalSpec, list[Task]]:
+        """:meth:`prepare`, and the spec with its dataset's ``version`` and ``sha256`` filled in (what a task
+        records: see :mod:`agentrl.eval.catalog`)."""
         await check_environment(spec, self.resources, self.registry)
         check_model(spec.model, runs_dir=self.runs_dir)
-        if spec.dataset.path is not None:  # file reads off the event loop; inline and generated sets are cheap
-            tasks = await asyncio.to_thread(load_tasks, spec.dataset, datasets=self.datasets,
-                                            allowed_dirs=self.dataset_dirs)
-        else:
-            tasks = load_tasks(spec.dataset, datasets=self.datasets)
+        # off the event loop: files are read and hashed (inline items are hashed too: cheap, but not free)
+        tasks, dataset = await asyncio.to_thread(resolve_tasks, spec.dataset, allowed_dirs=self.dataset_dirs,
+                                                 catalog=self.catalog)
         if len(tasks) * spec.samples_per_item > MAX_SAMPLES:
             raise SpecError(("dataset",), f"{len(tasks)} items x {spec.samples_per_item} samples is over the limit "
                             f"of {MAX_SAMPLES} episodes: use 'limit' or split the evaluation")
-        return tasks
+        return spec.model_copy(update={"dataset": dataset}), tasks
 
     async def evaluate(self, spec: EvalSpec, *, tasks: Sequence[Task] | None = None,
                        completed: Iterable[SampleRecord] = (), on_record: RecordCallback | None = None,

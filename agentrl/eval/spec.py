@@ -59,7 +59,14 @@ class DatasetSpec(_Strict):
 
     items: list[DatasetItem] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
     name: str | None = Field(default=None, min_length=1, max_length=128,
-                             description="registered dataset, e.g. 'arithmetic:heldout'; sized by n and seed")
+                             description="a named dataset (GET /v1/datasets), e.g. 'arithmetic:heldout' (a generator: "
+                                         "sized by n and seed) or a benchmark file or plugin of the server")
+    version: str | None = Field(default=None, min_length=1, max_length=128,
+                                description="version of the named dataset (default: its latest); filled in when the "
+                                            "task is submitted")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                               description="the content's sha256 (GET /v1/datasets/{name}); given: the task is refused "
+                                           "unless the content matches; filled in when the task is submitted")
     path: str | None = Field(default=None, min_length=1, max_length=4096,
                              description="a dataset on the server: .jsonl, .json, .parquet, .arrow or a "
                                          "save_to_disk folder")
@@ -78,6 +85,8 @@ class DatasetSpec(_Strict):
         given = [k for k in ("items", "name", "path") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of 'items', 'name' or 'path' (got {given or 'none'})")
+        if self.version is not None and self.name is None:
+            raise ValueError("'version' goes with 'name' (a named dataset)")
         return self
 
     def size_hint(self) -> int | None:
@@ -213,6 +222,12 @@ class EvalSpec(_Strict):
     keep_trajectories: bool = Field(default=True, description="store each sample's full trajectory with its record")
     labels: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=32)
+    group_by: str | None = Field(default=None, min_length=1, max_length=256,
+                                 description="an item field (metadata; a dotted path reaches into nested ones), e.g. "
+                                             "data_source or level: metrics and their intervals per group too")
+    webhook_url: ModelUrl | None = Field(
+        default=None, description="REST service only: POSTed the final state when the task ends, signed with "
+                                  "HMAC-SHA256 (header X-Agentrl-Signature: sha256=<hex>); hosts the server allows")
 
     @model_validator(mode="after")
     def _check(self) -> EvalSpec:

@@ -174,20 +174,28 @@ def _sse(events: Iterator[str]) -> StreamingResponse:
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Completion]) -> Completion:
-    """``work``'s result; cancelled (its generation aborted) if the client goes away first."""
+    """``work``'s result; cancelled (its generation aborted) if the client goes away first. A watcher task cancels
+    the work on a disconnect (cheaper per request than ``asyncio.wait`` over both, which builds sets and callbacks
+    each time)."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled() and task.cancelled():
+            raise ClientGone() from None
+        raise  # this request's own task was cancelled (a server shutting down, an in-process caller gone)
     finally:
-        gone.cancel()
+        watcher.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
+
+
+async def _cancel_on_disconnect(request: Request, task: asyncio.Future[Completion]) -> None:
+    await _disconnected(request)
+    task.cancel()
 
 
 async def _disconnected(request: Request) -> None:

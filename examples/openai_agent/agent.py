@@ -90,7 +90,9 @@ async def solve_forced(task: agentrl.Task, client: agentrl.ClientConfig) -> str:
 
 
 async def _solve(task: agentrl.Task, client: agentrl.ClientConfig, *, force_first_call: bool = False) -> str:
-    llm = openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, timeout=300, max_retries=2)
+    # client.http_client: the gateway in this process, reached without a socket (None when it is elsewhere)
+    llm = openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, timeout=300, max_retries=2,
+                             http_client=client.http_client)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.prompt}]
     async with llm:
         for turn in range(MAX_TURNS):

@@ -361,6 +361,7 @@ async def test_a_tenant_sees_reads_and_cancels_only_its_own_tasks(settings: ApiS
         mine = (await http.post("/v1/evals", json=body(), headers=auth("token-a"))).json()["id"]
         theirs = (await http.post("/v1/evals", json=body(), headers=auth("token-b"))).json()["id"]
         for method, path, params in (("GET", f"/v1/evals/{mine}", {}), ("GET", f"/v1/evals/{mine}/results", {}),
+                                     ("GET", f"/v1/evals/{mine}/events", {}),
                                      ("DELETE", f"/v1/evals/{mine}", {}),
                                      ("DELETE", f"/v1/evals/{mine}", {"purge": "true"})):
             r = await http.request(method, path, params=params, headers=auth("token-b"))
@@ -369,6 +370,8 @@ async def test_a_tenant_sees_reads_and_cancels_only_its_own_tasks(settings: ApiS
             assert r.status_code == 404 and r.json() == {"detail": f"no evaluation task {mine!r}"}, (path, r.text)
             assert unknown.status_code == 404  # the same answer as an id that does not exist
         assert (await http.get(f"/v1/evals/{mine}", headers=auth("token-a"))).json()["status"] == "queued"
+        r = await http.get("/v1/evals/compare", params={"a": theirs, "b": mine}, headers=auth("token-b"))
+        assert r.status_code == 404 and mine in r.json()["detail"] and "(query parameter b)" in r.json()["detail"]
 
         def ids(r: httpx.Response) -> list[str]:
             assert r.status_code == 200, r.text

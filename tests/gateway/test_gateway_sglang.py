@@ -169,3 +169,57 @@ def _sampled_call(tok: ChatTokenizer, gateway: Served) -> dict[str, Any]:
     forced = re.match(r"<tool_call>\n(.*)\n</tool_call>", sampled)
     assert forced, f"the model sampled no <tool_call>: {sampled!r}"
     return json.loads(forced.group(1))["arguments"]
+
+
+async def test_in_process_clients_reach_the_gateway_without_a_socket(sglang_url: str, chat_tokenizer: ChatTokenizer,
+                                                                     tmp_path: Any) -> None:
+    """``LocalGateway.http_client`` / ``anthropic_http_client`` (what agents get as ``ClientConfig.http_client``):
+    the official clients through them complete bridged turns on the real server with the branch invariant; an SDK
+    client closed by its agent leaves the shared client usable; a cancelled in-process request aborts its
+    generation on SGLang and commits nothing, as a disconnect over HTTP does."""
+    from gateway_support import Served
+
+    from agentrl.engine.client import SGLangClient
+    from agentrl.engine.recording import RecordingEngine
+    from agentrl.gateway import GatewayConfig, LocalGateway
+
+    records = tmp_path / "generate.jsonl"
+    engine = RecordingEngine(SGLangClient(sglang_url), records)
+    try:
+        async with LocalGateway(engine, chat_tokenizer, GatewayConfig(model_name="tiny")) as gw, \
+                httpx.AsyncClient(timeout=60) as http:
+            served = Served(gw.url, gw.store, records)
+            session = gw.store.create()
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Hello?"}]
+            for _ in range(2):  # the SDK client closes the shared client on exit: it must stay open
+                async with openai.AsyncOpenAI(base_url=gw.base_url(session), api_key=session.api_key, max_retries=0,
+                                              http_client=gw.http_client) as llm:
+                    reply = await llm.chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+                messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                             {"role": "user", "content": "And then?"}]
+            ant = anthropic.AsyncAnthropic(base_url=gw.base_url(session).removesuffix("/v1"), api_key=session.api_key,
+                                           max_retries=0, http_client=gw.anthropic_http_client)
+            said = await ant.messages.create(model="tiny", max_tokens=8, messages=messages)  # type: ignore[arg-type]
+            assert said.usage.output_tokens == len(served.generations()[-1]["output_ids"])
+            branches = (await gw.store.close(session.id)).branches
+            assert len(branches) == 1 and [t.bridged for t in branches[0].turns] == [False, True, True]
+            check_branch(branches[0].to_json(), served.generations())
+
+            session = gw.store.create()
+            llm = openai.AsyncOpenAI(base_url=gw.base_url(session), api_key=session.api_key, max_retries=0,
+                                     http_client=gw.http_client)
+            request = asyncio.ensure_future(llm.chat.completions.create(model="tiny", messages=MESSAGES,
+                                                                        max_tokens=8000))
+            await _until(lambda n: n > 0, http, sglang_url, "the generation never started on SGLang")
+            request.cancel()  # the agent's task goes away mid-generation
+            with pytest.raises(asyncio.CancelledError):
+                await request
+            await _until(lambda n: n == 0, http, sglang_url, "SGLang still runs the cancelled in-process request",
+                         deadline_s=10)
+            async with asyncio.timeout(10):
+                while session.inflight:
+                    await asyncio.sleep(0.05)
+            assert session.branches == []  # cancelled, nothing committed
+    finally:
+        await engine.inner.aclose()
+        await engine.aclose()
