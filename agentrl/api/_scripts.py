@@ -260,6 +260,13 @@ end
 return st
 """
 
+# KEYS: task, its events stream. ARGV: maxlen, kind, data JSON. Appends the event only while the task exists (a
+# worker's late event after a purge must not leave a stream behind); returns the event id, or false.
+EVENT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'kind', ARGV[2], 'data', ARGV[3])
+"""
+
 # ARGV: ns, id. Removes the task, its dataset, records and index entries (a running task's worker loses its
 # fence and stops). Returns the bytes freed, or -1 when there is no such task.
 PURGE = _LIB + """

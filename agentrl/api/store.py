@@ -117,7 +117,7 @@ class TaskStore:
         self._queue, self._leases, self._bytes = f"{namespace}:queue", f"{namespace}:leases", f"{namespace}:bytes"
         self._scripts = {name: client.register_script(getattr(_scripts, name))
                          for name in ("SUBMIT", "LIST", "CLAIM", "HEARTBEAT", "REAP", "RELEASE", "APPEND", "FINISH",
-                                      "CANCEL", "PURGE", "EXPIRE", "MIGRATE")}
+                                      "CANCEL", "PURGE", "EXPIRE", "MIGRATE", "EVENT")}
 
     def _key(self, kind: str, task_id: str) -> str:
         return f"{self.ns}:{kind}:{task_id}"
@@ -332,12 +332,11 @@ class TaskStore:
     # ``N:events:<id>``: a stream of the task's events (``kind``, ``data`` JSON), trimmed to about ``maxlen``
     # entries; the entry id is the event id of ``GET /v1/evals/{id}/events`` (``Last-Event-ID`` resumes after it).
 
-    async def add_event(self, task_id: str, kind: str, data: dict[str, Any], *, maxlen: int = 10_000) -> str:
-        """Append an event to the task's stream; returns its id."""
-        fields: dict[Any, Any] = {"kind": kind, "data": json.dumps(data, allow_nan=False)}
-        out = await self._do(lambda: self.r.xadd(self._key("events", task_id), fields, maxlen=maxlen,
-                                                  approximate=True))
-        return out.decode() if isinstance(out, bytes) else str(out)
+    async def add_event(self, task_id: str, kind: str, data: dict[str, Any], *, maxlen: int = 10_000) -> str | None:
+        """Append an event to the task's stream; returns its id (None: the task is gone, e.g. purged)."""
+        out = await self._script("EVENT", [self._key("task", task_id), self._key("events", task_id)],
+                                 [maxlen, kind, json.dumps(data, allow_nan=False)])
+        return None if not out else out.decode() if isinstance(out, bytes) else str(out)
 
     async def read_events(self, task_id: str, after: str, *, block_ms: int | None,
                           count: int = 200) -> list[tuple[str, str, str]]:

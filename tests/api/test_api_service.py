@@ -282,7 +282,10 @@ async def test_a_running_task_that_is_purged_stops_storing(settings: ApiSettings
     async with AsyncEvalClient(server.url) as client:
         eval_id = await client.submit(body())
         await store_records(store, eval_id, 2, finish=False)
+        assert await rds.exists(f"{settings.namespace}:events:{eval_id}")  # its "queued" event at least
         await client.purge(eval_id)
+    assert await store.add_event(eval_id, "progress", {"done": 3}) is None  # a late event of its worker
+    assert not await rds.exists(f"{settings.namespace}:events:{eval_id}")
     with pytest.raises(TaskLost):
         await store.append(eval_id, "test-worker", "9:0", "{}", ok=True)
     assert await store.heartbeat(eval_id, "test-worker", lease_s=60) == "lost"
