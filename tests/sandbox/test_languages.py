@@ -201,3 +201,24 @@ async def test_cases_compile_once_and_run_per_case() -> None:
                                                RunStatus.FINISHED], r
     assert (r.cases[0].stdout, r.cases[2].exit_code, r.cases[3].stdout) == ("3\n", 3, "42\n")
     assert r.status is RequestStatus.FAILED and "case 1" in r.message
+
+
+@pytest.mark.parametrize("language", [language_param("cpp")])
+def test_cli_runs_a_program_by_its_suffix(tmp_path: Path, language: str) -> None:
+    from typer.testing import CliRunner
+
+    from agentrl.sandbox.cli import sandbox_app
+
+    program = tmp_path / "prog.cpp"
+    program.write_text('#include <iostream>\nint main() { std::string s; std::cin >> s; std::cout << "got " << s '
+                       '<< std::endl; return 4; }')
+    result = CliRunner().invoke(sandbox_app, ["run", str(program)], input="piped")
+    assert (result.exit_code, result.stdout) == (4, "got piped\n"), result.output
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("int main() { return undeclared; }")
+    result = CliRunner().invoke(sandbox_app, ["run", str(broken)])
+    assert result.exit_code == 1 and "undeclared" in result.output and "did not compile" in result.output
+    unknown = tmp_path / "prog.cob"
+    unknown.write_text("DISPLAY 'x'.")
+    result = CliRunner().invoke(sandbox_app, ["run", str(unknown)])
+    assert result.exit_code == 2 and ".cpp" in result.output
