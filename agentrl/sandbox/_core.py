@@ -98,8 +98,9 @@ class WarmSandbox(ABC, Generic[W]):
         """The part of ``limits`` fixed when a worker starts (workers differing in it are pooled apart)."""
         return None
 
-    def _prepare(self, worker: W, limits: Limits) -> None:
-        """Apply a run's limits to a started worker, just before the run (e.g. its cgroup's)."""
+    async def _prepare(self, worker: W, limits: Limits) -> None:
+        """Apply a run's (or its compile step's) limits to a started worker, just before it runs (e.g. its
+        cgroup's memory); raises OSError if they cannot be applied (e.g. lower than what it already uses)."""
 
     def _launch_options(self) -> dict[str, Any]:
         """``cgroup_memory`` (a memory cgroup bounds the worker) and ``nproc`` for the launcher's rlimits."""
@@ -171,7 +172,7 @@ class WarmSandbox(ABC, Generic[W]):
 
         async def compiled() -> bool:
             try:
-                self._prepare(worker, limits)
+                await self._prepare(worker, limits)
             except OSError as exc:  # e.g. the build's files take more memory than the run may use
                 log.info("the run's limits could not be set after the compile step: %r", exc)
                 return False
@@ -180,7 +181,7 @@ class WarmSandbox(ABC, Generic[W]):
         try:
             try:
                 async with asyncio.timeout(budget):
-                    self._prepare(worker, compile_limits(limits) if lang.compiled else limits)
+                    await self._prepare(worker, compile_limits(limits) if lang.compiled else limits)
                     oom_before = worker.oom_kills()
                     await worker.conn.send(message)
                     await collect(worker.conn, limits.output_bytes, got, compiled)
@@ -233,7 +234,7 @@ class WarmSandbox(ABC, Generic[W]):
     async def _start_repl(self, limits: Limits) -> W:
         worker = await self._pool(limits).get()
         try:
-            self._prepare(worker, limits)
+            await self._prepare(worker, limits)
             async with asyncio.timeout(self._start_timeout_s):
                 await start_repl(worker.conn, repl_message(limits, **self._launch_options()))
         except START_ERRORS as exc:

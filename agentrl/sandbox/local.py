@@ -197,7 +197,7 @@ class LocalSandbox(WarmSandbox[_LocalBox]):
             ) from None
         return box
 
-    def _prepare(self, worker: _LocalBox, limits: Limits) -> None:
+    async def _prepare(self, worker: _LocalBox, limits: Limits) -> None:
         if worker.cgroup is not None:
             worker.cgroup.set_limits(memory_mb=limits.memory_mb, pids=limits.pids + PIDS_OVERHEAD, cpus=self.cpus)
 

@@ -1,8 +1,8 @@
 """Every sandbox language through SandboxFusion's own client (``sandbox-fusion`` from PyPI) against
-``agentrl sandbox serve --backend local`` (the real CLI, in its own process): a hello-world, a compile error, a
+``agentrl sandbox serve --backend {local,docker}`` (the real CLI, in its own process): a hello-world, a compile error, a
 runtime error, a time limit and a stdin program each get SandboxFusion's field values back. A language whose
-toolchain is not installed here is skipped, naming its Debian package; one the sandbox lacks answers
-``SandboxError`` naming the package."""
+toolchain is not installed here (or not in the Docker image) is skipped, naming its Debian package; one the
+sandbox lacks answers ``SandboxError`` naming the package."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,11 @@ import requests
 import sandbox_fusion
 from language_programs import COMPILED, PROGRAMS, language_param
 from sandbox_fusion import RunCodeRequest, RunCodeResponse
-from sandbox_support import ServerHandle
+from sandbox_support import ServerHandle, require_docker
 
 from agentrl.sandbox import languages
 from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunStatus
+from agentrl.sandbox.languages import LANGUAGE_TABLE
 from agentrl.sandbox.local import LocalSandbox
 from agentrl.sandbox.server import create_app
 
@@ -33,19 +35,53 @@ LANGS = [language_param(name) for name in PROGRAMS]
 TLE_S = 1.5
 
 
-@pytest.fixture(scope="module")
-def server_url() -> Iterator[str]:
-    """``agentrl sandbox serve --backend local`` on a free port, as a user starts it."""
+@dataclass
+class Served:
+    url: str
+    backend: str
+    image_tools: frozenset[str] | None  # docker: the executables its image has
+
+    def need(self, language: str) -> None:
+        """Skip when the Docker image lacks the language's toolchain (the host's is checked by LANGS)."""
+        lang = LANGUAGE_TABLE[language]
+        if self.image_tools is not None and not set(lang.tools) <= self.image_tools:
+            pytest.skip(f"the Docker image has no {language} toolchain (build it with "
+                        f"AGENTRL_SANDBOX_PACKAGES={lang.package} scripts/build_sandbox_image.sh)")
+
+
+def image_tools(image: str) -> frozenset[str]:
+    import docker
+
+    tools = sorted({t for lang in LANGUAGE_TABLE.values() for t in lang.tools})
+    client = docker.from_env()
+    try:
+        out = client.containers.run(image, ["sh", "-c", "for t in " + " ".join(tools) + "; do command -v $t; done; true"],
+                                    remove=True, network_mode="none")
+    finally:
+        client.close()
+    return frozenset(Path(line).name for line in out.decode().split())
+
+
+@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def server(request: pytest.FixtureRequest) -> Iterator[Served]:
+    """``agentrl sandbox serve --backend BACKEND`` on a free port, as a user starts it."""
+    backend = request.param
+    tools = None
+    if backend == "docker":
+        require_docker()
+        from agentrl.sandbox.docker import DEFAULT_IMAGE
+
+        tools = image_tools(DEFAULT_IMAGE)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", "from agentrl.cli import app; app()", "sandbox", "serve",
-                             "--backend", "local", "--port", str(port), "--max-concurrency", "2"],
+                             "--backend", backend, "--port", str(port), "--max-concurrency", "2"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        for _ in range(600):
             try:
                 if requests.get(url + "/v1/ping", timeout=1).ok:
                     break
@@ -55,8 +91,8 @@ def server_url() -> Iterator[str]:
                 raise RuntimeError(f"the sandbox server exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
             time.sleep(0.1)
         else:
-            raise RuntimeError("the sandbox server did not answer within 30s")
-        yield url
+            raise RuntimeError("the sandbox server did not answer within 60s")
+        yield Served(url, backend, tools)
     finally:
         proc.terminate()
         try:
@@ -64,6 +100,12 @@ def server_url() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def server_url(server: Served, language: str) -> str:
+    server.need(language)
+    return server.url
 
 
 def fusion_run(url: str, language: str, code: str, **fields: Any) -> RunCodeResponse:
@@ -127,7 +169,8 @@ def test_stdin(server_url: str, language: str) -> None:
     assert r.run_result.stdout == "42\n", r
 
 
-def test_compile_time_limit_is_its_own(server_url: str) -> None:
+@pytest.mark.parametrize("language", [language_param("cpp")])
+def test_compile_time_limit_is_its_own(server_url: str, language: str) -> None:
     """A compile step past compile_timeout is TimeLimitExceeded in compile_result, and nothing runs."""
     heavy = "\n".join(
         ["template<int N> struct F { static const long v = F<N - 1>::v + F<N - 2>::v; };",
@@ -144,7 +187,8 @@ def test_compile_time_limit_is_its_own(server_url: str) -> None:
     assert r.compile_result.status == "TimeLimitExceeded", r
 
 
-def test_files_and_fetch_files_with_a_compiled_language(server_url: str) -> None:
+@pytest.mark.parametrize("language", [language_param("cpp")])
+def test_files_and_fetch_files_with_a_compiled_language(server_url: str, language: str) -> None:
     code = ('#include <fstream>\n#include <string>\nint main() { std::ifstream in("in.txt"); std::string s; in >> s;'
             ' std::ofstream("out.txt") << s << s; }')
     r = fusion_run(server_url, "cpp", code, files={"in.txt": base64.b64encode(b"ab").decode()},
@@ -154,8 +198,8 @@ def test_files_and_fetch_files_with_a_compiled_language(server_url: str) -> None
     assert base64.b64decode(r.files["main"])[:4] == b"\x7fELF"  # the build output lives in the run's scratch
 
 
-def test_an_unknown_language_is_a_clear_4xx(server_url: str) -> None:
-    resp = requests.post(server_url + "/run_code", json={"code": "1", "language": "cobol"}, timeout=30)
+def test_an_unknown_language_is_a_clear_4xx(server: Served) -> None:
+    resp = requests.post(server.url + "/run_code", json={"code": "1", "language": "cobol"}, timeout=30)
     assert resp.status_code == 400
     assert "cobol" in resp.text and "cpp" in resp.text and "typescript" in resp.text
 
