@@ -192,7 +192,7 @@ class WarmSandbox(ABC, Generic[W]):
             r = got.result or {}
             if not got.started and r.get("missing"):
                 keep = True  # nothing ran
-                return sandbox_error(lang.missing_hint(str(r["missing"])), time.monotonic() - t0)
+                return sandbox_error(lang.missing_hint(str(r["missing"]), self.kind), time.monotonic() - t0)
             if not got.started:
                 log.warning("a warm %s sandbox failed before the run started: %s", self.kind,
                             got.error or "no answer")

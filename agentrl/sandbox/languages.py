@@ -73,10 +73,13 @@ class Language:
     def compiled(self) -> bool:
         return bool(self.compile)
 
-    def missing_hint(self, tool: str) -> str:
+    def missing_hint(self, tool: str, backend: str = "local") -> str:
+        """What to do when ``tool`` is missing from a ``backend`` sandbox (local: the host's /usr; docker: its image)."""
+        how = (f"build the sandbox image with it: AGENTRL_SANDBOX_PACKAGES={self.package} "
+               "scripts/build_sandbox_image.sh IMAGE" if backend == "docker" else
+               f"apt-get install {self.package}, or scripts/install_system.sh --toolchains {self.name}")
         return (f"the sandbox has no {self.name} toolchain (`{tool}` is not on its PATH): install the Debian "
-                f"package {self.package} (apt-get install {self.package}; scripts/install_system.sh installs it "
-                f"with AGENTRL_TOOLCHAINS=all)")
+                f"package {self.package} ({how})")
 
 
 LANGUAGE_TABLE: Mapping[str, Language] = MappingProxyType({lang.name: lang for lang in (
