@@ -3,12 +3,17 @@
 - bare:   ``/usr/bin/python3 -c 'print(1)'`` as a plain asyncio subprocess (no isolation at all);
 - local:  ``LocalSandbox.run`` (bubblewrap + cgroups + rlimits, warm pool);
 - docker: ``DockerSandbox.run`` (warm pool of locked-down containers), if a Docker engine answers;
-- plus, for information, one session cell (the ReTool path) on each backend.
+- plus, for information, one session cell (the ReTool path) on each backend;
+- cpp (``--n-cpp``, 0 to skip): compile + run of a small C++ program (``g++ -O2``), p50/p99, in the local sandbox
+  against the same two commands as plain subprocesses (``cpp_vs_bare``); and 10 stdin tests of one program as
+  one request with ``cases`` (compile once) against 10 requests (compile per test): ``cases_vs_per_test`` is the
+  per-test wall time over the cases wall time.
 
 Latency is measured per request from the caller's side; throughput is requests completed per second of wall
 time with ``c`` requests in flight. Targets: local p50 <= 1.5 x bare p50, docker warm p50 <= 150 ms.
-Usage: python benchmarks/sandbox_bench.py [--n 200] [--skip-docker]
-Last line: local_vs_bare=... docker_p50_ms=... local_p50_ms=... throughput_c8_per_s=...
+Usage: python benchmarks/sandbox_bench.py [--n 200] [--n-cpp 20] [--skip-docker]
+Last line: local_vs_bare=... docker_p50_ms=... local_p50_ms=... throughput_c8_per_s=... cpp_p50_ms=...
+cpp_p99_ms=... cpp_vs_bare=... cases_vs_per_test=...
 """
 
 from __future__ import annotations
@@ -16,14 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from agentrl.sandbox import docker_available
 from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, Sandbox
 
 PROGRAM = "print(1)"
+CPP = ('#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }')
 
 
 async def bare_once() -> None:
@@ -81,7 +90,47 @@ async def session_cell_ms(sb: Sandbox, n: int) -> float:
         await s.aclose()
 
 
-async def main(n: int, skip_docker: bool) -> None:
+async def bare_cpp_once() -> None:
+    """g++ then the binary, as plain subprocesses in a fresh directory (no isolation at all)."""
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "main.cpp").write_text(CPP)
+        cc = await asyncio.create_subprocess_exec("g++", "-std=c++17", "-O2", "-o", "main", "main.cpp", cwd=d)
+        assert await cc.wait() == 0
+        run = await asyncio.create_subprocess_exec("./main", cwd=d, stdin=asyncio.subprocess.PIPE,
+                                                   stdout=asyncio.subprocess.PIPE)
+        out, _ = await run.communicate(b"40 2\n")
+        assert out == b"42\n"
+
+
+def sandbox_cpp_once(sb: Sandbox) -> Callable[[], Awaitable[None]]:
+    request = RunRequest(code=CPP, language="cpp", stdin="40 2\n", limits=Limits(time_s=10, compile_time_s=60))
+
+    async def once() -> None:
+        r = await sb.run(request)
+        assert r.status is RequestStatus.SUCCESS and r.stdout == "42\n", r
+
+    return once
+
+
+async def cases_vs_per_test(sb: Sandbox, tests: int = 10, rounds: int = 3) -> float:
+    """Wall time of ``tests`` stdin tests as one request per test over as one request with cases (median)."""
+    limits = Limits(time_s=10, compile_time_s=60)
+    stdins = [f"{i} {i}\n" for i in range(tests)]
+    ratios = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        r = await sb.run(RunRequest(code=CPP, language="cpp", cases=tuple(stdins), limits=limits))
+        cases_s = time.perf_counter() - t
+        assert [c.stdout for c in r.cases] == [f"{2 * i}\n" for i in range(tests)], r
+        t = time.perf_counter()
+        for stdin in stdins:
+            one = await sb.run(RunRequest(code=CPP, language="cpp", stdin=stdin, limits=limits))
+            assert one.status is RequestStatus.SUCCESS, one
+        ratios.append((time.perf_counter() - t) / cases_s)
+    return statistics.median(ratios)
+
+
+async def main(n: int, skip_docker: bool, n_cpp: int = 20) -> None:
     from agentrl.sandbox.local import LocalSandbox
 
     rows: dict[tuple[str, int], tuple[float, float, float]] = {}
@@ -92,6 +141,11 @@ async def main(n: int, skip_docker: bool) -> None:
         for c in (1, 8):
             rows[("local", c)] = await measure(sandbox_once(local), n, c)
         cells["local"] = await session_cell_ms(local, 50)
+        cpp: dict[str, float] = {}
+        if n_cpp > 0 and shutil.which("g++", path="/usr/bin:/bin"):
+            rows[("cpp-bare", 1)] = await measure(bare_cpp_once, n_cpp, 1)
+            rows[("cpp", 1)] = await measure(sandbox_cpp_once(local), n_cpp, 1)
+            cpp["cases_vs_per_test"] = await cases_vs_per_test(local)
     why_no_docker = "skipped (--skip-docker)" if skip_docker else docker_available()
     if why_no_docker is None:
         from agentrl.sandbox.docker import DockerSandbox
@@ -104,19 +158,27 @@ async def main(n: int, skip_docker: bool) -> None:
     print(f"{'backend':<8} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
     for (name, c), (p50, p99, rps) in rows.items():
         print(f"{name:<8} {c:>4} {p50:>8.2f} {p99:>8.2f} {rps:>8.1f}")
+    if cpp:
+        print(f"cpp: 10 stdin tests, one request with cases vs one request per test: "
+              f"per-test takes {cpp['cases_vs_per_test']:.2f}x as long")
     for name, ms in cells.items():
         print(f"{name} session cell p50: {ms:.2f} ms")
     if why_no_docker is not None:
         print(f"docker: {why_no_docker}")
     local_p50, bare_p50 = rows[("local", 1)][0], rows[("bare", 1)][0]
     docker_p50 = rows[("docker", 1)][0] if ("docker", 1) in rows else float("nan")
+    nan = (float("nan"),) * 3
+    cpp_p50, cpp_p99, _ = rows.get(("cpp", 1), nan)
+    cpp_bare = rows.get(("cpp-bare", 1), nan)[0]
     print(f"local_vs_bare={local_p50 / bare_p50:.2f} docker_p50_ms={docker_p50:.1f} local_p50_ms={local_p50:.1f} "
-          f"throughput_c8_per_s={rows[('local', 8)][2]:.1f}")
+          f"throughput_c8_per_s={rows[('local', 8)][2]:.1f} cpp_p50_ms={cpp_p50:.0f} cpp_p99_ms={cpp_p99:.0f} "
+          f"cpp_vs_bare={cpp_p50 / cpp_bare:.2f} cases_vs_per_test={cpp.get('cases_vs_per_test', float('nan')):.2f}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=200, help="requests per measurement")
+    parser.add_argument("--n-cpp", type=int, default=20, help="compile+run requests of the cpp measurement (0: skip)")
     parser.add_argument("--skip-docker", action="store_true")
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.skip_docker))
+    asyncio.run(main(args.n, args.skip_docker, args.n_cpp))

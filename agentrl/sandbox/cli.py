@@ -13,6 +13,9 @@ import typer
 from agentrl.errors import AgentRLError
 from agentrl.sandbox.base import Limits, RunRequest, RunStatus
 
+SUFFIXES = {".py": "python", ".sh": "bash", ".cpp": "cpp", ".cc": "cpp", ".cxx": "cpp", ".c": "c", ".java": "java",
+            ".go": "go", ".rs": "rust", ".js": "nodejs", ".mjs": "nodejs", ".ts": "typescript"}
+
 sandbox_app = typer.Typer(add_completion=False, no_args_is_help=True,
                           help="Run the sandbox server, or one program in the sandbox.")
 
@@ -68,7 +71,8 @@ def serve(
 
 @sandbox_app.command()
 def run(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="a .py or .sh file")],
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                         help="a program: .py .sh .cpp .cc .c .java .go .rs .js .ts")],
     backend: Backend = "local",
     time_s: Annotated[float, typer.Option("--time", help="wall-clock limit in seconds")] = 10.0,
     memory_mb: Annotated[int, typer.Option(help="memory limit")] = 256,
@@ -78,7 +82,11 @@ def run(
     """Run one program in the sandbox; prints its stdout/stderr and exits with its exit code."""
     from agentrl.sandbox import make_sandbox
 
-    language = "bash" if file.suffix == ".sh" else "python"
+    language = SUFFIXES.get(file.suffix.lower())
+    if language is None:
+        typer.secho(f"error: {file.name}: the language is told by the suffix, one of {', '.join(SUFFIXES)}",
+                    fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
     stdin = "" if sys.stdin.isatty() else sys.stdin.read()
     request = RunRequest(code=file.read_text(), language=language, stdin=stdin,
                          limits=Limits(time_s=time_s, memory_mb=memory_mb))
@@ -89,6 +97,8 @@ def run(
             result = await sandbox.run(request)
         finally:
             await sandbox.aclose()
+        if result.compile is not None and not result.compile.ok:
+            sys.stderr.write(result.compile.stdout + result.compile.stderr)
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         if result.run_status is not RunStatus.FINISHED:

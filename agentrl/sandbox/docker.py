@@ -1,8 +1,8 @@
 """The Docker sandbox: a warm pool of pre-started, locked-down containers (docker SDK; blocking calls in threads).
 
 Each container runs ``sleep infinity`` as PID 1 (immune to signals from inside) with: no network, memory
-(+swap) and pids limits, a CPU quota, a read-only root, size-capped tmpfs at ``/tmp`` (noexec) and
-``/dev/shm``, all capabilities dropped, ``no-new-privileges``, uid/gid 65534, no core dumps, a file-size cap.
+(+swap) and pids limits, a CPU quota, a read-only root, size-capped tmpfs at ``/tmp`` (exec allowed: a compiled
+language's binary runs from there, as in the local sandbox; nosuid, nodev) and ``/dev/shm``, all capabilities dropped, ``no-new-privileges``, uid/gid 65534, no core dumps, a file-size cap.
 One launcher (``runtime/launcher.py``) is exec'd into it when it is warmed and serves its runs over the exec's
 stdin/stdout (multiplexed by Docker). Between runs the launcher kills every process but PID 1, empties
 ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` and checks that nothing is left; a container that is not clean,
@@ -74,9 +74,9 @@ class _DemuxReader:
 class _DockerBox:
     """One container and the launcher exec'd into it."""
 
-    def __init__(self, container: Any, conn: Conn, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, container: Any, conn: Conn, writer: asyncio.StreamWriter, memory_mb: int) -> None:
         self.container, self.conn, self.writer = container, conn, writer
-        self.uses = 0
+        self.uses, self.memory_mb = 0, memory_mb  # the container's memory limit now
 
     def alive(self) -> bool:
         return True  # a dead launcher shows as a broken stream at its next run (then it is replaced once)
@@ -161,7 +161,7 @@ class DockerSandbox(WarmSandbox[_DockerBox]):
             self.image, ["sleep", "infinity"], detach=True, network_mode="none", mem_limit=mem,
             memswap_limit=mem, pids_limit=limits.pids + PIDS_OVERHEAD, nano_cpus=int(self.cpus * 1e9),
             read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
-            tmpfs={"/tmp": f"rw,size={self.scratch_mb}m,noexec,nosuid,nodev"}, shm_size=f"{self.scratch_mb}m",
+            tmpfs={"/tmp": f"rw,exec,size={self.scratch_mb}m,nosuid,nodev"}, shm_size=f"{self.scratch_mb}m",
             ipc_mode="private", working_dir="/tmp", environment=SANDBOX_ENV, runtime=self.runtime,
             ulimits=[Ulimit(name="fsize", soft=fsize, hard=fsize), Ulimit(name="core", soft=0, hard=0)],
             labels={LABEL: self.owner}, stdin_open=False, tty=False)
@@ -188,7 +188,7 @@ class DockerSandbox(WarmSandbox[_DockerBox]):
             async with asyncio.timeout(self._start_timeout_s):
                 sock = await asyncio.to_thread(self._exec_launcher, container)
                 reader, writer = await asyncio.open_connection(sock=sock)
-                box = _DockerBox(container, Conn(_DemuxReader(reader), writer), writer)
+                box = _DockerBox(container, Conn(_DemuxReader(reader), writer), writer, limits.memory_mb)
                 await ping(box.conn)
         except Exception as exc:
             if writer is not None:
@@ -196,6 +196,20 @@ class DockerSandbox(WarmSandbox[_DockerBox]):
             await asyncio.to_thread(container.remove, force=True)
             raise SandboxError(f"the sandbox container did not start its launcher: {exc!r}") from None
         return box
+
+    async def _prepare(self, worker: _DockerBox, limits: Limits) -> None:
+        """A compiled language's compile step gets more memory than the program (``compile_memory_mb``): the
+        running container's limit is raised for it and lowered back before the program starts (``docker
+        update``; refused, as OSError, when the container already uses more). Pids and file size stay the
+        container's."""
+        if limits.memory_mb == worker.memory_mb:
+            return
+        mem = f"{limits.memory_mb}m"
+        try:
+            await asyncio.to_thread(worker.container.update, mem_limit=mem, memswap_limit=mem)
+        except Exception as exc:  # the engine's APIError: e.g. below the container's current usage
+            raise OSError(f"docker update of the container's memory to {mem} failed: {exc}") from None
+        worker.memory_mb = limits.memory_mb
 
     # ------------------------------------------------------------------------------------------- teardown
 

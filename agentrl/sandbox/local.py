@@ -4,8 +4,9 @@ Each program runs in its own throw-away sandbox:
 
 - namespaces: user, mount, PID, network (loopback only: the host's loopback services are unreachable), IPC,
   UTS; ``--die-with-parent``; no nested user namespaces;
-- file system: ``/usr`` read-only (``/usr/local`` hidden), the ``/bin``/``/lib*`` links, two ``/etc`` entries
-  the dynamic loader needs, a fresh ``/proc`` and ``/dev``; the root is read-only and the only writable places
+- file system: ``/usr`` read-only (``/usr/local`` hidden) with the toolchains installed there (see
+  ``languages.py``), the ``/bin``/``/lib*`` links, the ``/etc`` entries the dynamic loader and the JDK need
+  (``ld.so.cache``, ``alternatives``, ``java-*``), a fresh ``/proc`` and ``/dev``; the root is read-only and the only writable places
   are size-capped tmpfs: ``/tmp`` (the working dir) and ``/dev/shm``. Not the host's home, ``/root``,
   ``/tmp``, the project or any secret;
 - identity: uid/gid 65534 outside the user namespace too (bubblewrap is started through ``setpriv``), so
@@ -154,7 +155,8 @@ class LocalSandbox(WarmSandbox[_LocalBox]):
                 args += ["--symlink", os.readlink(p), str(p)]
             elif p.is_dir():
                 args += ["--ro-bind", str(p), str(p)]
-        for etc in ("/etc/ld.so.cache", "/etc/alternatives"):  # the loader's cache; Debian's BLAS links
+        # the loader's cache; Debian's alternatives (BLAS, java, javac); the JDK's conf (its lib/ links there)
+        for etc in ("/etc/ld.so.cache", "/etc/alternatives", *sorted(map(str, Path("/etc").glob("java-*")))):
             if os.path.exists(etc):
                 args += ["--ro-bind", etc, etc]
         args += ["--proc", "/proc", "--dev", "/dev", "--mqueue", "/dev/mqueue"]
@@ -195,7 +197,7 @@ class LocalSandbox(WarmSandbox[_LocalBox]):
             ) from None
         return box
 
-    def _prepare(self, worker: _LocalBox, limits: Limits) -> None:
+    async def _prepare(self, worker: _LocalBox, limits: Limits) -> None:
         if worker.cgroup is not None:
             worker.cgroup.set_limits(memory_mb=limits.memory_mb, pids=limits.pids + PIDS_OVERHEAD, cpus=self.cpus)
 

@@ -91,7 +91,8 @@ class RemoteSandbox:
     async def run(self, request: RunRequest) -> RunResult:
         body = RunModel.of(request).model_dump(mode="json")
         try:
-            data = await self._call("POST", "/v1/run", body, request.limits.time_s + self._timeout_s,
+            data = await self._call("POST", "/v1/run", body,
+                                    request.run_time_s + request.limits.compile_time_s + self._timeout_s,
                                     idempotent=True)
         except SandboxError as exc:
             return sandbox_error(str(exc))

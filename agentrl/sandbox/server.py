@@ -18,6 +18,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
 import json
 import logging
 import uuid
@@ -43,6 +44,7 @@ from agentrl.sandbox.schemas import (
     RunModel,
     SessionOpen,
     SessionOpened,
+    compile_to_fusion,
     to_fusion,
 )
 
@@ -96,8 +98,7 @@ def create_app(sandbox: Sandbox, *, max_concurrency: int = 8, max_queue: int = 6
     auth = bearer_auth(token)
 
     def capped(limits: Limits) -> Limits:
-        return Limits(time_s=limits.time_s, memory_mb=limits.memory_mb, pids=limits.pids,
-                      file_size_mb=limits.file_size_mb, output_bytes=min(limits.output_bytes, max_output_bytes))
+        return dataclasses.replace(limits, output_bytes=min(limits.output_bytes, max_output_bytes))
 
     async def run(request: RunRequest) -> Any:
         try:
@@ -113,15 +114,16 @@ def create_app(sandbox: Sandbox, *, max_concurrency: int = 8, max_queue: int = 6
 
     @app.post("/run_code", response_model=RunCodeResponse, dependencies=[Depends(auth)])
     async def run_code(req: RunCodeRequest) -> RunCodeResponse:
-        limits = capped(Limits(time_s=req.run_timeout, pids=defaults.pids, file_size_mb=defaults.file_size_mb,
-                               memory_mb=req.memory_limit_MB if req.memory_limit_MB > 0 else defaults.memory_mb,
-                               output_bytes=defaults.output_bytes))
+        limits = capped(dataclasses.replace(
+            defaults, time_s=req.run_timeout, compile_time_s=req.compile_timeout,
+            memory_mb=req.memory_limit_MB if req.memory_limit_MB > 0 else defaults.memory_mb))
         files = _decode_files({k: v for k, v in req.files.items() if v is not None})
         request = RunRequest(code=req.code, language=req.language, stdin=req.stdin or "", files=files,
                              fetch_files=tuple(req.fetch_files), limits=limits)
         async with gate.slot():
             result = await run(request)
         return RunCodeResponse(status=result.status, message=result.message, run_result=to_fusion(result),
+                               compile_result=compile_to_fusion(result.compile),
                                files={k: base64.b64encode(v).decode("ascii") for k, v in result.files.items()})
 
     @app.post("/v1/run", response_model=ResultModel, dependencies=[Depends(auth)])
@@ -130,8 +132,7 @@ def create_app(sandbox: Sandbox, *, max_concurrency: int = 8, max_queue: int = 6
             request = req.to_request()
         except (binascii.Error, ValueError) as exc:
             raise HTTPException(400, f"files must be base64: {exc}") from None
-        request = RunRequest(request.code, request.language, request.stdin, request.files, request.fetch_files,
-                             capped(request.limits))
+        request = dataclasses.replace(request, limits=capped(request.limits))
         async with gate.slot():
             return ResultModel.of(await run(request))
 

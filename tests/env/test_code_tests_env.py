@@ -78,3 +78,21 @@ async def test_episode(env_resources, chat_tokenizer):
         traj = await runner.run(env, TASK, env_name="code_tests")
     assert traj.reward == 1.0 and traj.finish_reason is FinishReason.STOP
     assert traj.token_ids.tolist() == engine.requests[0] + engine.outputs[0]
+
+
+async def test_a_cpp_environment_on_livecodebench_rows(env_resources):
+    """language=cpp: the prompt asks for C++; a LiveCodeBench row (no metadata['tests']) is accepted and scored;
+    a row with no tests at all is refused before generating."""
+    import json
+
+    env = default_registry.make_env("code_tests", env_resources, language="cpp", time_limit_s=2.0)
+    assert "```cpp" in env.system_prompt and "Python" not in env.system_prompt
+    row = Task(id="lcb", prompt="Sum.", metadata={
+        "public_test_cases": json.dumps([{"input": t["stdin"], "output": t["expected_stdout"], "testtype": "stdin"}
+                                         for t in TESTS]), "metadata": "{}"})
+    await env.reset(row)
+    good = "```cpp\n#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b; }\n```"
+    result = await env.score(RewardInput(text=good))
+    assert result.ok and result.score == 1.0 and result.details["language"] == "cpp", result
+    with pytest.raises(ConfigError, match="needs tests"):
+        await env.reset(Task(id="none", prompt="?"))

@@ -125,12 +125,14 @@ async def test_sandbox_error_is_infrastructure_not_zero(fake_sandbox: type, sand
     assert "uid map" in result.details["error"]
 
 
-async def test_one_failed_run_among_good_ones_still_voids_the_score(
+async def test_one_failed_request_among_good_ones_still_voids_the_score(
     fake_sandbox: type, sandbox_down: RunResult
 ) -> None:
-    ok = RunResult(status=RequestStatus.SUCCESS, run_status=RunStatus.FINISHED, exit_code=0, stdout="5\n")
-    reward = CodeTestsReward(fake_sandbox(ok, ok, sandbox_down, ok), max_concurrency=1)
-    result = await reward(task(STDIO_TESTS), RewardInput(text=fenced("print(5)")))
+    """Stdio and assert tests go in two requests: one answered, one failed by the sandbox: no score."""
+    five = RunResult(status=RequestStatus.SUCCESS, run_status=RunStatus.FINISHED, exit_code=0, stdout="5\n")
+    ok = RunResult(status=RequestStatus.SUCCESS, run_status=RunStatus.FINISHED, exit_code=0, cases=(five,) * 4)
+    reward = CodeTestsReward(fake_sandbox(ok, sandbox_down), max_concurrency=1)
+    result = await reward(task([*STDIO_TESTS, *ASSERT_TESTS]), RewardInput(text=fenced("print(5)")))
     assert result.status is RewardStatus.INFRA_ERROR and math.isnan(result.score)
 
 
@@ -151,10 +153,11 @@ async def test_assert_harness_passes_only_with_the_nonce(fake_sandbox: type) -> 
     finished = RunResult(
         status=RequestStatus.SUCCESS, run_status=RunStatus.FINISHED, exit_code=0, stdout="ok\n"
     )
-    sandbox = fake_sandbox(finished)
+    sandbox = fake_sandbox(RunResult(RequestStatus.SUCCESS, RunStatus.FINISHED, 0, cases=(finished,)))
     result = await CodeTestsReward(sandbox)(task(ASSERT_TESTS[:1]), RewardInput(text=fenced("x = 1")))
     assert result.ok and result.score == 0.0  # exit 0 without the nonce the harness prints after the asserts
-    assert sandbox.requests[0].stdin.strip() not in sandbox.requests[0].code  # the nonce is not in the source
+    nonce = sandbox.requests[0].cases[0].split("\n")[0]
+    assert len(nonce) == 32 and nonce not in sandbox.requests[0].code  # the nonce is not in the source
 
 
 async def test_missing_or_bad_tests_are_config_errors(fake_sandbox: type, sandbox_down: RunResult) -> None:
@@ -220,6 +223,7 @@ def test_status_values_are_stable() -> None:
     assert {s.value for s in TestStatus} == {
         "passed",
         "wrong_answer",
+        "compile_error",
         "runtime_error",
         "time_limit_exceeded",
         "sandbox_error",

@@ -6,10 +6,15 @@ Protocol over one duplex byte stream (requests arrive on fd 0, frames leave on f
   frame   = 1-byte kind + 4-byte big-endian length + payload
             K ready (JSON), O / E a chunk of the program's stdout / stderr, R a result (JSON)
 The launcher stays silent until the first request; ``{"op": "ping"}`` answers K and waits for the next one:
-  {"op": "run", ...}  one program in a forked child (python in-process after fork, bash via exec); streams at
-                      most ``out_limit`` bytes per stream (and counts the rest), kills the child when ``time_s``
-                      of wall time have passed, then kills and reaps every process it can signal, fetches files,
-                      optionally wipes scratch dirs and checks that nothing is left, reports, and exits.
+  {"op": "run", ...}  one program in a forked child (python in-process after fork, other languages via exec of
+                      ``argv``); streams at most ``out_limit`` bytes per stream (and counts the rest), kills the
+                      child when ``time_s`` of wall time have passed, then kills and reaps every process it can
+                      signal, fetches files, optionally wipes scratch dirs and checks that nothing is left,
+                      reports, and exits. ``tools`` missing from PATH: R {"missing": tool}, nothing runs.
+                      With ``compile`` (argv, limits, time_s): the compiler runs first, its output captured; if
+                      it succeeds, C (its outcome) is sent and the launcher waits for {"op": "go"} (the host
+                      sets the run's limits meanwhile). With ``cases`` (stdin strings): the program runs once
+                      per case, output captured, reported in R's ``cases``.
   {"op": "repl", ...} a persistent interpreter: each following {"op": "cell", "code": ...} runs in one namespace;
                       fd-level stdout/stderr of the cell (also of subprocesses) are captured through pipes.
 The host never trusts what comes back: it bounds every frame it reads and enforces its own deadline.
@@ -232,9 +237,16 @@ def run_child(req, chan, pipes, workdir):
         os.close(fd)
     set_limits(req.get("limits", {}))
     prctl(PR_SET_DUMPABLE, 1)  # the program may read its own /proc/self; the launcher stays undumpable
-    if req.get("language") == "bash":
+    argv = req.get("argv")
+    if argv:  # a compiler or a program of another language than Python
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.execv("/bin/bash", ["bash", req["path"]])
+        env = dict(os.environ)
+        env.update(req.get("env") or {})
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as e:
+            os.write(2, ("cannot run %s: %s\n" % (argv[0], e)).encode())
+            os._exit(127)
     path = req["path"]
     main = types.ModuleType("__main__")
     main.__file__ = path
@@ -299,7 +311,7 @@ def exit_child(code, main):
     os._exit(code)
 
 
-def pump(chan, pid, stdin, r_out, r_err, w_in, out_limit, deadline, grace_s):
+def pump(sink, pid, stdin, r_out, r_err, w_in, out_limit, deadline, grace_s):
     """Forward output until the child exited and its pipes closed (or ``grace_s`` after it exited: a background
     grandchild may hold them); SIGKILL the child at ``deadline``. Returns (out bytes, err bytes, timed out)."""
     sel = selectors.DefaultSelector()
@@ -357,7 +369,7 @@ def pump(chan, pid, stdin, r_out, r_err, w_in, out_limit, deadline, grace_s):
                     continue
                 room = out_limit - sent[fd]
                 if room > 0:
-                    chan.send(kinds[fd], data[:room])
+                    sink.send(kinds[fd], data[:room])
                 sent[fd] += len(data)
         if pidfd is None and exited_at is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
             exited_at = time.monotonic()
@@ -371,14 +383,28 @@ def pump(chan, pid, stdin, r_out, r_err, w_in, out_limit, deadline, grace_s):
     return sent[r_out], sent[r_err], timed_out
 
 
-def run_once(chan, req):
-    workdir = req.get("workdir", "/tmp")
-    os.chdir(workdir)
-    write_files(workdir, req.get("files", {}))
-    req["path"] = os.path.join(workdir, "main.sh" if req.get("language") == "bash" else "main.py")
-    with open(req["path"], "w", encoding="utf-8") as f:
-        f.write(req["code"])
-    stdin = req.get("stdin", "").encode("utf-8")
+class Captured:
+    """A sink for ``pump`` that keeps output instead of streaming it (compile steps, test cases)."""
+
+    def __init__(self):
+        self.out, self.err = bytearray(), bytearray()
+
+    def send(self, kind, data):
+        (self.out if kind == b"O" else self.err).extend(data)
+
+
+def missing_tool(tools):
+    """The first of ``tools`` not found on PATH, or None."""
+    dirs = os.environ.get("PATH", "/usr/bin:/bin").split(":")
+    for tool in tools:
+        if not any(os.access(os.path.join(d, tool), os.X_OK) for d in dirs):
+            return tool
+    return None
+
+
+def spawn(req, step, chan, stdin, sink, deadline):
+    """Fork one process of a run (``step``: argv, env, limits) and pump it until it ends or ``deadline``.
+    Returns the process's outcome as a dict."""
     r_in, w_in = os.pipe()
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
@@ -386,35 +412,87 @@ def run_once(chan, req):
     gc.freeze()  # the child's collections then skip (and do not copy) the launcher's objects
     pid = os.fork()
     if pid == 0:
-        run_child(req, chan, (r_in, w_in, r_out, w_out, r_err, w_err), workdir)
+        run_child(dict(req, **step), chan, (r_in, w_in, r_out, w_out, r_err, w_err), req["workdir"])
     gc.unfreeze()
     for fd in (r_in, w_out, w_err):
         os.close(fd)
-    chan.send_json(b"K", {"started": pid})  # from here on, whatever happens is the program's doing
-    deadline = t0 + float(req.get("time_s", 10.0))
-    out_bytes, err_bytes, timed_out = pump(chan, pid, stdin, r_out, r_err, w_in, req.get("out_limit", 65536),
+    out_bytes, err_bytes, timed_out = pump(sink, pid, stdin, r_out, r_err, w_in, req.get("out_limit", 65536),
                                            deadline, req.get("grace_s", 0.2))
     _, status, usage = os.wait4(pid, 0)
-    wall = time.monotonic() - t0
-    kill_others()
-    files = fetch_files(workdir, req.get("fetch_files", []), req.get("fetch_cap", 16 << 20))
-    os.chdir("/")
-    clean = wipe(req.get("wipe", []))
-    procs, ipc = leftovers() if req.get("check_clean") else ([], 0)
     for fd in (r_out, r_err):
         os.close(fd)
-    chan.send_json(b"R", {
+    return {
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "wall_s": wall,
+        "wall_s": time.monotonic() - t0,
         "timed_out": timed_out,
         "out_bytes": out_bytes,
         "err_bytes": err_bytes,
-        "files": files,
-        "clean": clean and not procs and not ipc,
-        "leftover": {"procs": len(procs), "ipc": ipc},
-    })
+    }
+
+
+def captured(outcome, sink):
+    outcome["stdout"] = sink.out.decode("utf-8", "replace")
+    outcome["stderr"] = sink.err.decode("utf-8", "replace")
+    return outcome
+
+
+def run_once(chan, req):
+    missing = missing_tool(req.get("tools") or [])
+    if missing is not None:  # before anything runs: the sandbox's lack, not the program's failure
+        chan.send_json(b"R", {"missing": missing})
+        return
+    workdir = req.setdefault("workdir", "/tmp")
+    os.chdir(workdir)
+    write_files(workdir, req.get("files", {}))
+    req["path"] = os.path.join(workdir, req.get("source") or "main.py")
+    with open(req["path"], "w", encoding="utf-8") as f:
+        f.write(req["code"])
+    chan.send_json(b"K", {"started": True})  # from here on, whatever happens is the program's doing
+    result = {"compile": None, "cases": None}
+    go = True
+    build = req.get("compile")
+    if build:
+        sink = Captured()
+        comp = captured(spawn(req, build, chan, b"", sink, time.monotonic() + float(build["time_s"])), sink)
+        kill_others()
+        result["compile"] = comp
+        go = comp["exit_code"] == 0 and not comp["timed_out"]
+        if go:  # the host sets the run's (smaller) limits on the sandbox, then says go
+            chan.send_json(b"C", comp)
+            answer = chan.recv()
+            go = answer is not None and answer.get("op") == "go"
+            result["aborted"] = not go
+    if go and req.get("cases") is not None:
+        result["cases"] = run_cases(chan, req)
+    elif go:
+        stdin = req.get("stdin", "").encode("utf-8")
+        result.update(spawn(req, {}, chan, stdin, chan, time.monotonic() + float(req.get("time_s", 10.0))))
+    kill_others()
+    result["files"] = fetch_files(workdir, req.get("fetch_files", []), req.get("fetch_cap", 16 << 20))
+    os.chdir("/")
+    clean = wipe(req.get("wipe", []))
+    procs, ipc = leftovers() if req.get("check_clean") else ([], 0)
+    result["clean"] = clean and not procs and not ipc
+    result["leftover"] = {"procs": len(procs), "ipc": ipc}
+    chan.send_json(b"R", result)
+
+
+def run_cases(chan, req):
+    """The program once per case (stdin), each within ``time_s``, all within ``total_time_s``."""
+    out = []
+    end = time.monotonic() + float(req.get("total_time_s") or 0)
+    for stdin in req["cases"]:
+        now = time.monotonic()
+        if now >= end:
+            break
+        sink = Captured()
+        deadline = min(end, now + float(req.get("time_s", 10.0)))
+        outcome = captured(spawn(req, {}, chan, stdin.encode("utf-8"), sink, deadline), sink)
+        kill_others()  # what a case left running does not reach the next one
+        out.append(outcome)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- repl
