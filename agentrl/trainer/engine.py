@@ -21,6 +21,7 @@ from typing import Any, Self, TypeVar
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from agentrl.errors import TrainerError
 from agentrl.hardware import resolve_dtype
@@ -39,6 +40,7 @@ from agentrl.trainer.model import (
     DistInfo,
     EntropyMode,
     ScoredLM,
+    activation_bytes_per_token,
     build_policy,
     init_distributed,
     make_optimizer,
@@ -80,7 +82,8 @@ class Trainer:
     """FSDP2 policy trainer. Use as a context manager or call :meth:`close`.
 
     Attributes ``step`` (trainer steps done) and ``weight_version`` (version of the current weights) are
-    saved in checkpoints; ``rank`` and ``world_size`` describe the process group.
+    saved in checkpoints; ``rank`` and ``world_size`` describe the process group; ``checkpointing`` says whether
+    activation checkpointing is on (``auto`` resolved).
     """
 
     def __init__(self, config: TrainerConfig) -> None:
@@ -96,17 +99,19 @@ class Trainer:
         if config.dtype == "auto":
             logger.info("trainer dtype auto -> %s (%s)", self.precision.dtype, self.precision.reason)
         try:
-            self._policy: ScoredLM = build_policy(
+            self._policy, self.checkpointing = build_policy(
                 self._source,
                 self._dist,
                 dtype=self.precision.dtype,
                 trainable=True,
-                activation_checkpointing=config.activation_checkpointing,
+                activation_checkpointing=self._checkpointing_rule(),
+                logits_chunk_tokens=config.logits_chunk_tokens,
             )
             self._ref: ScoredLM | None = None
-            if config.loss.kl_coef > 0:
+            if config.loss.kl_coef > 0:  # kl_coef 0: no reference model and no reference pass
                 ref_path = Path(config.ref_model or config.model)
-                self._ref = build_policy(ref_path, self._dist, dtype=self.precision.dtype, trainable=False)
+                self._ref, _ = build_policy(ref_path, self._dist, dtype=self.precision.dtype, trainable=False,
+                                            logits_chunk_tokens=config.logits_chunk_tokens)
         except BaseException:
             if self._dist.owns_group and dist.is_initialized():
                 dist.destroy_process_group()
@@ -117,6 +122,23 @@ class Trainer:
         self.step = 0
         self.weight_version = 0
         self._closed = False
+
+    def _checkpointing_rule(self) -> bool | Callable[[PreTrainedModel], bool]:
+        """``activation_checkpointing`` as given, or for ``auto`` the rule: on iff the measured activation bytes per
+        token x ``micro_batch_tokens`` exceed ``activation_memory_gb`` (x 1/2 in bf16: its activations are half)."""
+        setting = self.config.activation_checkpointing
+        if setting != "auto":
+            return bool(setting)
+        budget, tokens = self.config.activation_memory_gb * 1e9, self.config.micro_batch_tokens
+        scale = 0.5 if self.precision.dtype == "bf16" else 1.0
+
+        def rule(lm: PreTrainedModel) -> bool:
+            need = activation_bytes_per_token(lm) * scale * tokens
+            logger.info("activation checkpointing auto: %.2f GB of activations per micro-batch of %d tokens, "
+                        "budget %.2f GB -> %s", need / 1e9, tokens, budget / 1e9, "on" if need > budget else "off")
+            return need > budget
+
+        return rule
 
     @property
     def rank(self) -> int:
