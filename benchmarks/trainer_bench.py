@@ -19,8 +19,8 @@ activations, logits, allocator); with ``--no-minimal`` it covers every step. ``t
 a step (6 x decoder matmul parameters x input tokens + 6 x hidden x vocab x scored tokens + attention, 2/6 of
 that for no-grad passes; recomputation not counted) per second of the round with the least process CPU time
 divided by the thread count (the machine is shared: other processes stretch wall time, not the work done), over
-the fp32 matmul rate of this process measured in the same run with the same thread count
-(``[2048, hidden] x [hidden, intermediate]``, the shape of a decoder MLP).
+the fp32 matmul rate of this process measured in the same run with the same thread count, before and after the
+rounds, by CPU time too (``[2048, hidden] x [hidden, intermediate]``, the shape of a decoder MLP).
 
 Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 4] [--threads 1]``
 Last line: ``trainer_vs_minimal_ratio=… trainer_tokens_per_s=… minimal_tokens_per_s=… cpu_time_ratio=…
@@ -115,15 +115,16 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def matmul_flops(hidden: int, inter: int, reps: int = 20) -> float:
-    """fp32 FLOP/s of ``[2048, hidden] @ [hidden, inter]`` in this process (best of ``reps``)."""
+def matmul_flops(hidden: int, inter: int, threads: int, reps: int = 30) -> float:
+    """fp32 FLOP/s per core of ``[2048, hidden] @ [hidden, inter]`` in this process: the best of ``reps`` by
+    process CPU time / ``threads`` (another process time-slicing the core stretches wall time, not CPU time)."""
     a, b = torch.randn(2048, hidden), torch.randn(hidden, inter)
     a @ b
     best = math.inf
     for _ in range(reps):
-        t = time.perf_counter()
+        t = time.process_time()
         a @ b
-        best = min(best, time.perf_counter() - t)
+        best = min(best, (time.process_time() - t) / threads)
     return 2 * 2048 * hidden * inter / best
 
 
@@ -227,6 +228,8 @@ def main() -> None:
             **extra,
         }
     )
+    lm_cfg = AutoConfig.from_pretrained(path)
+    rate0 = matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads)  # measured twice: the best
     trainer = Trainer(cfg)
     version = 0
 
@@ -250,9 +253,8 @@ def main() -> None:
         peak = peak_rss_gb()  # the trainer alone in the process: its peak over every step
     best = {k: min(w for w, _ in v) for k, v in runs.items()}  # least disturbed by other processes
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
-    lm_cfg = AutoConfig.from_pretrained(path)
     passes = 3 + (1 if args.kl_coef > 0 else 0)
-    rate = matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size)
+    rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads))
     # per core-second of CPU time (a shared machine stretches wall time, not the work): threads x fastest CPU time
     core_s = min(c for _, c in runs["trainer"]) / args.threads
     mfu = step_flops(lm_cfg, batch, args.layout, passes) / core_s / rate

@@ -85,14 +85,32 @@ def test_the_activation_probe_measures_what_checkpointing_saves(tiny_model_path:
     assert checkpointed < full / 3  # the layers' inputs only (and the final norm)
 
 
-@pytest.mark.parametrize(("budget_gb", "expected"), [(1e-6, True), (100.0, False)])
-def test_activation_checkpointing_auto_follows_the_memory_budget(tiny_config, budget_gb: float,
-                                                                 expected: bool) -> None:
+def test_activation_checkpointing_auto_recomputes_exactly_the_micro_batches_over_budget(tiny_config) -> None:
+    """auto: a micro-batch whose measured activations exceed activation_memory_gb runs each decoder layer twice
+    (forward, then the recomputation in the backward pass); one under it runs them once; the step is the same."""
     batch = random_batch(3)
-    with Trainer(tiny_config(activation_checkpointing="auto", activation_memory_gb=budget_gb)) as tr:
-        assert tr.checkpointing is expected
-        m = tr.rl_step(batch, current_version=0)
-    assert m.grad_norm > 0
+    results = {}
+    for budget_gb in (1e-6, 100.0):
+        with Trainer(tiny_config(lr=1e-2, activation_checkpointing="auto", activation_memory_gb=budget_gb,
+                                 micro_batch_tokens=40)) as tr:
+            assert tr.checkpointing == "auto"
+            layer = tr._ckpt_layers[0]
+            calls = []
+            hook = layer.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
+            m = tr.rl_step(batch, current_version=0)
+            hook.remove()
+            n_mb = len(tr._plan(list(prepare_rl(batch, current_version=0, cfg=tr.config.loss).samples),
+                                "token_mean", None))
+            results[budget_gb] = (m, len(calls), n_mb)
+    (small, calls_s, n_mb), (big, calls_b, _) = results[1e-6], results[100.0]
+    assert n_mb > 1 and calls_s == 2 * n_mb and calls_b == n_mb
+    assert small.loss == pytest.approx(big.loss, abs=1e-7) and small.grad_norm == pytest.approx(big.grad_norm, rel=1e-5)
+
+
+def test_activation_checkpointing_off_and_on_are_left_as_given(tiny_config) -> None:
+    for setting in (False, True):
+        with Trainer(tiny_config(activation_checkpointing=setting)) as tr:
+            assert tr.checkpointing is setting and bool(tr._ckpt_layers) is setting
 
 
 def test_no_reference_model_or_pass_without_a_kl_term(tiny_config) -> None:
