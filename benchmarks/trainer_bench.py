@@ -205,7 +205,7 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.0)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--logits-chunk-tokens", type=int, default=None)
-    ap.add_argument("--activation-checkpointing", default="false")
+    ap.add_argument("--activation-checkpointing", default="auto")  # the trainer's default
     ap.add_argument("--no-minimal", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
