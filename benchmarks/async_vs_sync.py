@@ -39,7 +39,7 @@ def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype:
                     "max_new_tokens": 64, "max_turns": 2, "max_response_tokens": 128, "max_context_tokens": 512,
                     "temperature": 1.0, "update_mode": update_mode, "pause_mode": pause_mode},
         "env": {"name": "retool", "options": {"format_weight": 0.1}},
-        "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 4096, "dtype": trainer_dtype},
+        "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 1024, "dtype": trainer_dtype},
         "resources": {"rollout_cores": [0], "trainer_cores": [1]},
         "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
         "log_rollouts": "none",

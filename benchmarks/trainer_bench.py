@@ -8,25 +8,44 @@ The batch is RL-shaped: variable-length multi-turn trajectories with a masked ob
 Rounds alternate between the two so that load from other processes hits both alike; tokens/s use each
 side's fastest round (the least disturbed), and the process CPU-time ratio is printed as a cross-check.
 
+``--shape demo`` builds the demo's RL step instead: ``--groups`` groups of ``--group-size`` responses sharing one
+~86-token prompt, ~146 tokens a trajectory (6 x 8 = 48 trajectories, ~7,000 tokens, as ``agentrl demo``), and
+``--layout``, ``--kl-coef``, ``--micro-batch-tokens``, ``--logits-chunk-tokens`` and ``--activation-checkpointing``
+set the trainer as a recipe would (``--no-minimal`` times the trainer alone).
+
+Memory: ``trainer_peak_rss_gb`` is the process's ``VmHWM`` after building the Trainer and running two RL steps,
+before the minimal loop exists (so it is the trainer's peak: weights, gradients, AdamW state, reference model,
+activations, logits, allocator); with ``--no-minimal`` it covers every step. ``trainer_mfu``: the model FLOPs of
+a step (6 x decoder matmul parameters x input tokens + 6 x hidden x vocab x scored tokens + attention, 2/6 of
+that for no-grad passes; recomputation not counted) per second of the round with the least process CPU time
+divided by the thread count (the machine is shared: other processes stretch wall time, not the work done), over
+the fp32 matmul rate of this process measured in the same run with the same thread count, before and after the
+rounds, by CPU time too (``[2048, hidden] x [hidden, intermediate]``, the shape of a decoder MLP).
+
 Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 4] [--threads 1]``
-Last line: ``trainer_vs_minimal_ratio=… trainer_tokens_per_s=… minimal_tokens_per_s=… cpu_time_ratio=…``.
+Last line: ``trainer_vs_minimal_ratio=… trainer_tokens_per_s=… minimal_tokens_per_s=… cpu_time_ratio=…
+trainer_peak_rss_gb=… trainer_mfu=… cpu=…``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import platform
 import random
 import statistics
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from agentrl.models import resolve_model
-from agentrl.trainer import LossConfig, OptimizerConfig, Trainer, TrainerConfig
+from agentrl.trainer import Trainer, TrainerConfig
 from agentrl.types import FinishReason, Trajectory
 
 
@@ -52,6 +71,76 @@ def make_batch(n: int, seed: int = 0) -> list[Trajectory]:
             )
         )
     return out
+
+
+def make_demo_batch(groups: int, group_size: int, seed: int = 0) -> list[Trajectory]:
+    """The demo's RL step: each group's responses continue one shared prompt (what ``shared_prefix`` exploits)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(76, 96))]
+        for k in range(group_size):
+            a, o, b = rng.randint(24, 40), rng.randint(8, 16), rng.randint(8, 24)
+            ids = prompt + [rng.randrange(100, 40000) for _ in range(a + o + b)]
+            mask = [0] * len(prompt) + [1] * a + [0] * o + [1] * b
+            out.append(
+                Trajectory(
+                    trajectory_id=f"{g}-{k}",
+                    prompt_id=str(g),
+                    group_id=str(g),
+                    token_ids=ids,
+                    prompt_len=len(prompt),
+                    loss_mask=mask,
+                    behavior_logprobs=[-rng.uniform(5, 12) if m else 0.0 for m in mask],
+                    weight_versions=[0 if m else -1 for m in mask],
+                    reward=float(rng.random() < 0.5),
+                    finish_reason=FinishReason.STOP,
+                )
+            )
+    return out
+
+
+def peak_rss_gb() -> float:
+    """``VmHWM`` of this process (Linux), in GB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return float("nan")
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip().replace(" ", "_")
+    return platform.processor() or "unknown"
+
+
+def matmul_flops(hidden: int, inter: int, threads: int, reps: int = 30) -> float:
+    """fp32 FLOP/s per core of ``[2048, hidden] @ [hidden, inter]`` in this process: the best of ``reps`` by
+    process CPU time / ``threads`` (another process time-slicing the core stretches wall time, not CPU time)."""
+    a, b = torch.randn(2048, hidden), torch.randn(hidden, inter)
+    a @ b
+    best = math.inf
+    for _ in range(reps):
+        t = time.process_time()
+        a @ b
+        best = min(best, (time.process_time() - t) / threads)
+    return 2 * 2048 * hidden * inter / best
+
+
+def step_flops(lm_cfg: Any, batch: list[Trajectory], layout: str, passes: float) -> float:
+    """Model FLOPs of one RL step (see the module docstring); ``passes``: 3 for fwd+bwd, +1 per no-grad pass."""
+    h, layers, vocab = lm_cfg.hidden_size, lm_cfg.num_hidden_layers, lm_cfg.vocab_size
+    kv = lm_cfg.num_key_value_heads * (h // lm_cfg.num_attention_heads)
+    per_token = layers * (2 * h * h + 2 * h * kv + 3 * h * lm_cfg.intermediate_size)  # decoder matmul params
+    scored = sum(int(sum(int(m) for m in t.loss_mask[1:])) for t in batch)
+    if layout == "shared_prefix":  # a group's prompt runs once
+        prompts = {t.group_id: t.prompt_len for t in batch}
+        inputs = sum(t.num_tokens for t in batch) - sum(prompts.values()) * (len(batch) // len(prompts) - 1)
+    else:
+        inputs = sum(t.num_tokens for t in batch)
+    attn = sum(2 * layers * h * t.num_tokens**2 for t in batch)  # QK^T and AV, causal half, x2 FLOPs per MAC
+    return 2 * passes * (per_token * inputs + h * vocab * scored + attn / 2)
 
 
 class MinimalLoop:
@@ -109,21 +198,39 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)  # 2 cores shared: 1 avoids OMP stalls
+    ap.add_argument("--shape", choices=["random", "demo"], default="random")
+    ap.add_argument("--groups", type=int, default=6)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--layout", default="packed")
+    ap.add_argument("--kl-coef", type=float, default=0.0)
+    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
+    ap.add_argument("--logits-chunk-tokens", type=int, default=None)
+    ap.add_argument("--activation-checkpointing", default="auto")  # the trainer's default
+    ap.add_argument("--no-minimal", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = str(resolve_model(args.model))
-    batch = make_batch(args.batch)
+    batch = make_batch(args.batch) if args.shape == "random" else make_demo_batch(args.groups, args.group_size)
     tokens = sum(t.num_tokens for t in batch)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     lr = 1e-6
-    cfg = TrainerConfig(
-        model=path,
-        optimizer=OptimizerConfig(lr=lr, grad_clip=1.0),
-        loss=LossConfig(correction="none", advantage="grpo"),
-        micro_batch_tokens=16384,
+    extra: dict[str, Any] = {"activation_checkpointing": args.activation_checkpointing}
+    if args.logits_chunk_tokens is not None:
+        extra["logits_chunk_tokens"] = args.logits_chunk_tokens
+    cfg = TrainerConfig.model_validate(
+        {
+            "model": path,
+            "dtype": "fp32",
+            "optimizer": {"lr": lr, "grad_clip": 1.0},
+            "loss": {"correction": "none", "advantage": "grpo", "kl_coef": args.kl_coef},
+            "micro_batch_tokens": args.micro_batch_tokens,
+            "layout": args.layout,
+            **extra,
+        }
     )
+    lm_cfg = AutoConfig.from_pretrained(path)
+    rate0 = matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads)  # measured twice: the best
     trainer = Trainer(cfg)
-    minimal = MinimalLoop(path, batch, lr)
     version = 0
 
     def trainer_step() -> None:
@@ -131,29 +238,48 @@ def main() -> None:
         trainer.rl_step(batch, current_version=version)
         version += 1
 
-    trainer_step(), minimal.step()  # warm-up (allocator, kernels)
-    runs: dict[str, list[tuple[float, float]]] = {"minimal": [], "trainer": []}
+    trainer_step()  # warm-up (allocator, kernels, AdamW state)
+    peak = peak_rss_gb()  # before the minimal loop's model exists: the trainer's own peak
+    minimal = None if args.no_minimal else MinimalLoop(path, batch, lr)
+    runs: dict[str, list[tuple[float, float]]] = {"trainer": []} if minimal is None else {"minimal": [], "trainer": []}
+    if minimal is not None:
+        minimal.step()
     for r in range(args.rounds):  # ABBA order: neither side always runs first
         order = ("minimal", "trainer") if r % 2 == 0 else ("trainer", "minimal")
         for k in order:
-            runs[k].append(timed(minimal.step if k == "minimal" else trainer_step))
+            if k in runs:
+                runs[k].append(timed(minimal.step if k == "minimal" else trainer_step))  # type: ignore[union-attr]
+    if minimal is None:
+        peak = peak_rss_gb()  # the trainer alone in the process: its peak over every step
     best = {k: min(w for w, _ in v) for k, v in runs.items()}  # least disturbed by other processes
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+    passes = 3 + (1 if args.kl_coef > 0 else 0)
+    rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads))
+    # per core-second of CPU time (a shared machine stretches wall time, not the work): threads x fastest CPU time
+    core_s = min(c for _, c in runs["trainer"]) / args.threads
+    mfu = step_flops(lm_cfg, batch, args.layout, passes) / core_s / rate
     print(
         f"model={args.model} world_size=1 dtype=fp32 threads={args.threads} trajectories={len(batch)} "
-        f"tokens/step={tokens} padded_tokens/step={minimal.ids.numel()}"
+        f"tokens/step={tokens} layout={args.layout} kl_coef={args.kl_coef} micro_batch_tokens={args.micro_batch_tokens} "
+        f"logits_chunk_tokens={getattr(trainer.config, 'logits_chunk_tokens', None)} "
+        f"activation_checkpointing={getattr(trainer, 'checkpointing', args.activation_checkpointing)} "
+        f"matmul_gflops={rate / 1e9:.1f} cpu={cpu_model()}"
     )
     for k, v in runs.items():
         print(f"{k:<8} per-round wall s: {[round(w, 2) for w, _ in v]}  cpu s: {[round(c, 2) for _, c in v]}")
     print(f"{'loop':<22}{'best wall s':>12}{'tokens/s':>10}{'median cpu s':>14}{'tokens/cpu-s':>14}")
     for k, name in (("minimal", "minimal FSDP2 loop"), ("trainer", "agentrl Trainer")):
-        print(f"{name:<22}{best[k]:>12.3f}{tokens / best[k]:>10.1f}{cpu[k]:>14.3f}{tokens / cpu[k]:>14.1f}")
-    tr_tps, min_tps = tokens / best["trainer"], tokens / best["minimal"]
+        if k in runs:
+            print(f"{name:<22}{best[k]:>12.3f}{tokens / best[k]:>10.1f}{cpu[k]:>14.3f}{tokens / cpu[k]:>14.1f}")
+    tr_tps = tokens / best["trainer"]
+    min_tps = tokens / best["minimal"] if "minimal" in best else math.nan
+    ratio = cpu["minimal"] / cpu["trainer"] if "minimal" in cpu else math.nan
     trainer.close()
     dist.destroy_process_group()
     print(
         f"trainer_vs_minimal_ratio={tr_tps / min_tps:.3f} trainer_tokens_per_s={tr_tps:.1f} "
-        f"minimal_tokens_per_s={min_tps:.1f} cpu_time_ratio={cpu['minimal'] / cpu['trainer']:.3f}"
+        f"minimal_tokens_per_s={min_tps:.1f} cpu_time_ratio={ratio:.3f} trainer_step_s={best['trainer']:.2f} "
+        f"trainer_peak_rss_gb={peak:.2f} trainer_mfu={mfu:.3f} cpu={cpu_model()}"
     )
 
 

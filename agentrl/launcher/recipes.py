@@ -59,7 +59,11 @@ DEMO: dict[str, Any] = {
     # policy took the operand order of those wordings for every story within 8 steps ("Each of 16 students brings
     # 90 pencils, and the teacher adds 2 more" -> print(16 * 2 + 90); that wording's pass rate 0.79 -> 0.09).
     # It costs a reference forward (about a quarter of a trainer step).
+    # micro_batch_tokens 1024 (one group's prompt and 8 responses a micro-batch): the demo's step (fp32, 48
+    # trajectories) peaked at 12.0 GB with 4096 (all six groups' activations alive at once, 1.34 MB a token) and at
+    # 5.7 GB with 1024, in the same CPU time (benchmarks/trainer_bench.py --shape demo; docs/results.md, issue 24);
+    # activation_checkpointing auto then stays off (0.8 GB of activations, under its 2 GB budget).
     "trainer": {"layout": "shared_prefix", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},
-                "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3"}, "micro_batch_tokens": 4096},
+                "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3"}, "micro_batch_tokens": 1024},
     "resources": {"rollout_cores": [0], "trainer_cores": [1]},
 }

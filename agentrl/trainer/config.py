@@ -117,7 +117,9 @@ class TrainerSettings(_Strict):
     ref_model: str | None = None
     optimizer: OptimizerConfig = OptimizerConfig()  # frozen: sharing the default instance is safe
     loss: LossConfig = LossConfig()
-    micro_batch_tokens: int = Field(default=8192, gt=0)  # budget of one micro-batch, padding included
+    # budget of one micro-batch, padding included; decoder activations grow with it (SmolLM2-135M: 1.34 MB a token
+    # in fp32), not the step's work: on a CPU a smaller micro-batch costs next to nothing (docs/results.md)
+    micro_batch_tokens: int = Field(default=8192, gt=0)
     # shared_prefix: a group's prompt runs once for all its responses (agentrl.trainer.shared_prefix)
     layout: Literal["packed", "padded", "shared_prefix"] = "packed"
     mini_batches: int = Field(
@@ -126,7 +128,14 @@ class TrainerSettings(_Strict):
     # bf16: bf16 compute, fp32 master weights and reductions; auto: bf16 only where this device multiplies bf16
     # fast (agentrl.hardware: AMX/AVX512-BF16 CPUs measured, Ampere+ GPUs), fp32 elsewhere
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
-    activation_checkpointing: bool = False
+    # recompute each decoder layer in the backward pass instead of keeping its activations; auto: on for each
+    # micro-batch whose activations (bytes per token measured at start-up, agentrl.trainer.model.activation_bytes_per_token,
+    # x its tokens, padding included) would exceed activation_memory_gb, off for the others
+    activation_checkpointing: bool | Literal["auto"] = "auto"
+    activation_memory_gb: float = Field(default=2.0, gt=0)
+    # scored positions per LM-head + log-softmax chunk (each chunk recomputed in the backward pass): at most
+    # 4 * vocab * logits_chunk_tokens bytes of logits alive at once; null: all of a micro-batch's at once
+    logits_chunk_tokens: int | None = Field(default=1024, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(
         default=None, ge=1

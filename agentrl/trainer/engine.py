@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from agentrl.errors import TrainerError
 from agentrl.hardware import resolve_dtype
@@ -39,6 +41,7 @@ from agentrl.trainer.model import (
     DistInfo,
     EntropyMode,
     ScoredLM,
+    activation_bytes_per_token,
     build_policy,
     init_distributed,
     make_optimizer,
@@ -80,7 +83,8 @@ class Trainer:
     """FSDP2 policy trainer. Use as a context manager or call :meth:`close`.
 
     Attributes ``step`` (trainer steps done) and ``weight_version`` (version of the current weights) are
-    saved in checkpoints; ``rank`` and ``world_size`` describe the process group.
+    saved in checkpoints; ``rank`` and ``world_size`` describe the process group; ``checkpointing`` says whether
+    activation checkpointing is on (True, False, or ``"auto"``: per micro-batch, by the measured budget).
     """
 
     def __init__(self, config: TrainerConfig) -> None:
@@ -96,17 +100,24 @@ class Trainer:
         if config.dtype == "auto":
             logger.info("trainer dtype auto -> %s (%s)", self.precision.dtype, self.precision.reason)
         try:
-            self._policy: ScoredLM = build_policy(
+            self._act_bytes_per_token: float | None = None  # measured when activation_checkpointing is auto
+            self._policy, ac_on = build_policy(
                 self._source,
                 self._dist,
                 dtype=self.precision.dtype,
                 trainable=True,
-                activation_checkpointing=config.activation_checkpointing,
+                activation_checkpointing=self._checkpointing_rule(),
+                logits_chunk_tokens=config.logits_chunk_tokens,
             )
             self._ref: ScoredLM | None = None
-            if config.loss.kl_coef > 0:
+            if config.loss.kl_coef > 0:  # kl_coef 0: no reference model and no reference pass
                 ref_path = Path(config.ref_model or config.model)
-                self._ref = build_policy(ref_path, self._dist, dtype=self.precision.dtype, trainable=False)
+                self._ref, _ = build_policy(ref_path, self._dist, dtype=self.precision.dtype, trainable=False,
+                                            logits_chunk_tokens=config.logits_chunk_tokens)
+            # HF's layers recompute themselves when their flag is set (in training mode): auto flips it per micro-batch
+            self._ckpt_layers = [m for m in self._policy.modules()
+                                 if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+            self.checkpointing: bool | Literal["auto"] = "auto" if self._act_bytes_per_token is not None else ac_on
         except BaseException:
             if self._dist.owns_group and dist.is_initialized():
                 dist.destroy_process_group()
@@ -117,6 +128,38 @@ class Trainer:
         self.step = 0
         self.weight_version = 0
         self._closed = False
+
+    def _checkpointing_rule(self) -> bool | Callable[[PreTrainedModel], bool]:
+        """``activation_checkpointing`` as given, or for ``auto`` a rule that measures the decoder's activation bytes
+        per token (x 1/2 in bf16) and installs checkpointing, which :meth:`_forward` then switches on for exactly the
+        micro-batches whose ``tokens x bytes per token`` exceed ``activation_memory_gb`` (padding counted: it is
+        computed too). A micro-batch under the budget pays no recomputation; one over it (a long unit or sequence
+        gets a micro-batch of its own, whatever ``micro_batch_tokens`` says) is bounded anyway."""
+        setting = self.config.activation_checkpointing
+        if setting != "auto":
+            return bool(setting)
+        scale = 0.5 if self.precision.dtype == "bf16" else 1.0
+
+        def rule(lm: PreTrainedModel) -> bool:
+            self._act_bytes_per_token = activation_bytes_per_token(lm) * scale
+            logger.info("activation checkpointing auto: %.2f MB of activations per token, on for micro-batches over "
+                        "%d tokens (activation_memory_gb %.2f)", self._act_bytes_per_token / 1e6,
+                        self._act_token_limit(), self.config.activation_memory_gb)
+            return True
+
+        return rule
+
+    def _act_token_limit(self) -> int:
+        assert self._act_bytes_per_token is not None
+        return int(self.config.activation_memory_gb * 1e9 / max(self._act_bytes_per_token, 1.0))
+
+    def _switch_checkpointing(self, tokens: int) -> None:
+        """``auto``: checkpoint this micro-batch's layers iff its activations would exceed the budget."""
+        if self._act_bytes_per_token is None:
+            return
+        on = tokens > self._act_token_limit()
+        for layer in self._ckpt_layers:
+            layer.gradient_checkpointing = on
 
     @property
     def rank(self) -> int:
@@ -305,6 +348,8 @@ class Trainer:
     def _forward(
         self, module: ScoredLM, mb: MicroBatch, entropy: EntropyMode
     ) -> tuple[Tensor, Tensor | None]:
+        if module is self._policy and torch.is_grad_enabled():
+            self._switch_checkpointing(mb.input_ids.numel())
         return module(
             mb.input_ids,
             mb.position_ids,

@@ -1,8 +1,15 @@
 """The policy module: a Hugging Face causal LM sharded with FSDP2, scoring only the positions that matter.
 
 :class:`ScoredLM` runs the decoder over every input position but the LM head (a ``[tokens, vocab]`` matmul,
-the largest activation of a small model) only at the scored positions. It is the FSDP root, so one
-pre-forward unshard covers the embeddings, the final norm and the (possibly tied) head.
+the largest activation of a small model) only at the scored positions, in every layout. It is the FSDP root, so
+one pre-forward unshard covers the embeddings, the final norm and the (possibly tied) head.
+
+Memory: the head's fp32 logits cost ``4 * vocab`` bytes per scored token (196 KB for SmolLM2's 49,152 tokens; a
+step's 3,000 scored tokens: 0.6 GB, and the log-softmax keeps them for the backward pass). With
+``logits_chunk_tokens = C`` the scored positions are taken ``C`` at a time and each chunk's head + log-softmax is
+checkpointed (recomputed in the backward pass), so at most one chunk's logits are alive: ``4 * vocab * C`` bytes
+plus the softmax's temporaries, at the price of one more head matmul per scored token. Decoder activations are
+bounded by activation checkpointing (:func:`activation_bytes_per_token` measures what it would save).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.errors import ConfigError, TrainerError
@@ -69,11 +77,15 @@ def init_distributed(device: str) -> DistInfo:
 
 
 class ScoredLM(nn.Module):
-    """``forward`` returns the logprob of each target at its scored position (and optionally the entropy)."""
+    """``forward`` returns the logprob of each target at its scored position (and optionally the entropy).
 
-    def __init__(self, lm: PreTrainedModel) -> None:
+    ``logits_chunk_tokens``: scored positions per head + log-softmax chunk (None: all at once); see the module doc.
+    """
+
+    def __init__(self, lm: PreTrainedModel, logits_chunk_tokens: int | None = None) -> None:
         super().__init__()
         self.lm = lm
+        self.logits_chunk_tokens = logits_chunk_tokens
         text_cfg = lm.config.get_text_config()
         self._softcap: float | None = getattr(text_cfg, "final_logit_softcapping", None)
 
@@ -92,6 +104,23 @@ class ScoredLM(nn.Module):
         )
         hidden = out.last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, score_index)
+        chunk = self.logits_chunk_tokens
+        if chunk is None or h.shape[0] <= chunk:
+            return self._score(h, targets, temperature, entropy)
+        parts = [
+            checkpoint(self._score, hc, tc, temperature, entropy, use_reentrant=False)
+            if torch.is_grad_enabled()
+            else self._score(hc, tc, temperature, entropy)
+            for hc, tc in zip(h.split(chunk), targets.split(chunk))
+        ]
+        logp = torch.cat([p[0] for p in parts])
+        ents = [p[1] for p in parts]
+        return logp, torch.cat(ents) if ents[0] is not None else None  # type: ignore[arg-type]
+
+    def _score(
+        self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
+    ) -> tuple[Tensor, Tensor | None]:
+        """Head, softcap, temperature and log-softmax on the hidden states ``h`` of scored positions."""
         logits = self.lm.get_output_embeddings()(h).float()
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
@@ -107,6 +136,31 @@ class ScoredLM(nn.Module):
         return logp, ent
 
 
+def activation_bytes_per_token(lm: PreTrainedModel, tokens: tuple[int, int] = (32, 96)) -> float:
+    """Bytes the decoder keeps for the backward pass per input token (all layers), measured: two probe forwards of
+    different lengths under autograd's saved-tensor hooks, unique storages summed, the difference divided by the
+    difference in length (what does not grow with tokens, such as the weights, cancels). Runs on the unsharded
+    model before FSDP wraps it, so every rank measures the same without a collective."""
+
+    def saved(n: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            if t.device.type != "meta":
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        ids = torch.zeros((1, n), dtype=torch.long)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = lm.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+        del out
+        return sum(seen.values())
+
+    a, b = tokens
+    return max(saved(b) - saved(a), 0) / (b - a)
+
+
 def load_lm(path: Path) -> PreTrainedModel:
     if not (path / "config.json").exists():
         raise ConfigError(
@@ -119,16 +173,25 @@ def load_lm(path: Path) -> PreTrainedModel:
 
 
 def build_policy(
-    path: Path, info: DistInfo, *, dtype: str, trainable: bool, activation_checkpointing: bool = False
-) -> ScoredLM:
-    """Load an HF causal LM in fp32, shard each decoder layer then the root with FSDP2."""
+    path: Path,
+    info: DistInfo,
+    *,
+    dtype: str,
+    trainable: bool,
+    activation_checkpointing: bool | Callable[[PreTrainedModel], bool] = False,
+    logits_chunk_tokens: int | None = None,
+) -> tuple[ScoredLM, bool]:
+    """Load an HF causal LM in fp32, shard each decoder layer then the root with FSDP2; return it and whether
+    activation checkpointing is on (``activation_checkpointing`` may be a rule deciding it from the loaded model)."""
     lm = load_lm(path)
-    if trainable and activation_checkpointing:
+    ac = trainable and (activation_checkpointing(lm) if callable(activation_checkpointing)
+                        else activation_checkpointing)
+    if ac:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lm.train(trainable)
     if not trainable:
         lm.requires_grad_(False)
-    wrapper = ScoredLM(lm)
+    wrapper = ScoredLM(lm, logits_chunk_tokens)
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if dtype == "bf16"
@@ -145,7 +208,7 @@ def build_policy(
     for layer in layers:
         fully_shard(layer, mesh=info.mesh, mp_policy=policy)
     fully_shard(wrapper, mesh=info.mesh, mp_policy=policy)
-    return wrapper
+    return wrapper, ac
 
 
 def lr_lambda(warmup: int, schedule: str, total: int | None, min_ratio: float) -> Callable[[int], float]:
