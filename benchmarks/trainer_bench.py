@@ -57,21 +57,19 @@ def make_batch(n: int, seed: int = 0) -> list[Trajectory]:
         ids = [rng.randrange(100, 40000) for _ in range(p + a + o + b)]
         mask = [0] * p + [1] * a + [0] * o + [1] * b
         out.append(
-            Trajectory(
-                trajectory_id=str(i),
-                prompt_id=str(i // 4),
-                group_id=str(i // 4),
-                token_ids=ids,
-                prompt_len=p,
-                loss_mask=mask,
-                behavior_logprobs=[-rng.uniform(5, 12) if m else 0.0 for m in mask],
-                weight_versions=[0 if m else -1 for m in mask],
-                reward=float(rng.random() < 0.5),
-                finish_reason=FinishReason.STOP,
-            )
+            _trajectory(rng, str(i), str(i // 4), ids, p, mask)
         )
     return out
 
+
+
+def _trajectory(rng: random.Random, tid: str, group: str, ids: list[int], prompt_len: int,
+                mask: list[int]) -> Trajectory:
+    """A trajectory of the bench's batches: random behaviour logprobs on scored tokens, a coin-flip reward."""
+    return Trajectory(trajectory_id=tid, prompt_id=group, group_id=group, token_ids=ids, prompt_len=prompt_len,
+                      loss_mask=mask, behavior_logprobs=[-rng.uniform(5, 12) if m else 0.0 for m in mask],
+                      weight_versions=[0 if m else -1 for m in mask], reward=float(rng.random() < 0.5),
+                      finish_reason=FinishReason.STOP)
 
 def make_demo_batch(groups: int, group_size: int, seed: int = 0) -> list[Trajectory]:
     """The demo's RL step: each group's responses continue one shared prompt (what ``shared_prefix`` exploits)."""
@@ -83,20 +81,7 @@ def make_demo_batch(groups: int, group_size: int, seed: int = 0) -> list[Traject
             a, o, b = rng.randint(24, 40), rng.randint(8, 16), rng.randint(8, 24)
             ids = prompt + [rng.randrange(100, 40000) for _ in range(a + o + b)]
             mask = [0] * len(prompt) + [1] * a + [0] * o + [1] * b
-            out.append(
-                Trajectory(
-                    trajectory_id=f"{g}-{k}",
-                    prompt_id=str(g),
-                    group_id=str(g),
-                    token_ids=ids,
-                    prompt_len=len(prompt),
-                    loss_mask=mask,
-                    behavior_logprobs=[-rng.uniform(5, 12) if m else 0.0 for m in mask],
-                    weight_versions=[0 if m else -1 for m in mask],
-                    reward=float(rng.random() < 0.5),
-                    finish_reason=FinishReason.STOP,
-                )
-            )
+            out.append(_trajectory(rng, f"{g}-{k}", str(g), ids, len(prompt), mask))
     return out
 
 

@@ -16,6 +16,7 @@ task) cancels its generation as a disconnect does. Agents in other processes use
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -110,6 +111,7 @@ class LocalGateway:
         await self.aclose()
 
 
+@functools.cache
 def _shared(module: Any) -> Any:
     """An ``AsyncClient`` class of ``module`` (httpx or its fork httpx2) that agents may close without closing it:
     an SDK client closes the http client it was given (``async with openai.AsyncOpenAI(...)``), and every episode's
