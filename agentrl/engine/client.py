@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Self
 
 import aiohttp
@@ -89,21 +89,30 @@ class SGLangClient:
             )
         return self._session
 
-    async def _call(self, method: str, path: str, *, json: Any = None, timeout_s: float) -> Any:
+    async def _call(self, method: str, path: str, *, json: Any = None, timeout_s: float,
+                    resend: Callable[[], Any] | None = None) -> Any:
+        """One call with its retries, bounded by ``timeout_s``. ``resend`` makes the body of every send after the
+        first (a /generate sent again carries a fresh rid: the server may have received the first one and still be
+        running it, and SGLang refuses a duplicate rid with a 400)."""
         what = f"{method} {self.url}{path}"
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._attempts(method, path, what, json)
+                return await self._attempts(method, path, what, json, resend)
         except TimeoutError as exc:
             raise EngineTimeout(f"{what} timed out after {timeout_s:g}s (retries included); is the server "
                               "overloaded or paused?") from exc
 
-    async def _attempts(self, method: str, path: str, what: str, json: Any) -> Any:
+    async def _attempts(self, method: str, path: str, what: str, json: Any,
+                        resend: Callable[[], Any] | None = None) -> Any:
         stale_left = self._stale_connection_retries
+        sends = 0
 
         async def attempt() -> Any:
-            nonlocal stale_left
+            nonlocal stale_left, sends, json
             while True:
+                if sends and resend is not None:
+                    json = resend()
+                sends += 1
                 try:
                     async with self._http().request(method, self.url + path, json=json) as resp:
                         body = await resp.read()
@@ -136,19 +145,24 @@ class SGLangClient:
     ) -> GenerateResult:
         del sticky_key  # one server: nothing to route
         t0 = time.monotonic()
-        rid = uuid.uuid4().hex
-        payload = {
-            "rid": rid,
-            "input_ids": list(input_ids),
-            "sampling_params": sampling.to_sglang(),
-            "return_logprob": True,
-            "logprob_start_len": -1,
-        }
+        rids = [uuid.uuid4().hex]
+        ids, params = list(input_ids), sampling.to_sglang()
+
+        def payload() -> dict[str, Any]:
+            return {"rid": rids[-1], "input_ids": ids, "sampling_params": params, "return_logprob": True,
+                    "logprob_start_len": -1}
+
+        def resend() -> dict[str, Any]:
+            self._abort_in_background(rids[-1])  # the server may have received the last send: stop it
+            rids.append(uuid.uuid4().hex)
+            return payload()
+
         try:
-            out = await self._call("POST", "/generate", json=payload, timeout_s=self.timeouts.generate_s)
+            out = await self._call("POST", "/generate", json=payload(), timeout_s=self.timeouts.generate_s,
+                                   resend=resend)
         except (EngineError, asyncio.CancelledError) as exc:
             if not isinstance(exc, EngineUnavailable):
-                self._abort_in_background(rid)  # the server may still be generating it
+                self._abort_in_background(rids[-1])  # the server may still be generating it
             raise
         return parse_generate(out, url=self.url, latency_s=time.monotonic() - t0)
 

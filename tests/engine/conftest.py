@@ -15,10 +15,12 @@ class Misbehaving:
     """An HTTP server whose every route does what ``mode`` says: ``stall`` (never answers), ``503`` (always
     busy), ``slow_body`` (headers, then a body that never ends), ``drop`` (closes the connection), ``drop_reused``
     (answers the first request of a connection, closes it at the next one: a keep-alive connection the server
-    timed out just as the client reused it)."""
+    timed out just as the client reused it), ``drop_first`` (reads the first request, then closes its connection;
+    answers every later one with ``answer``: a server that got a request but whose answer never arrived)."""
 
     def __init__(self) -> None:
         self.mode = "stall"
+        self.answer: Any = {}
         self.hits: list[str] = []
         self.bodies: list[Any] = []  # the JSON body of each hit (None if it had none)
         self.connections: dict[int, list] = {}  # id(transport) -> [transport (kept: ids stay unique), requests]
@@ -40,7 +42,9 @@ class Misbehaving:
                 return web.json_response({"weight_version": "3", "success": True})
             request.transport.close()
             await asyncio.sleep(3600)
-        if self.mode == "drop":
+        if self.mode == "drop_first" and len(self.hits) > 1:
+            return web.json_response(self.answer)
+        if self.mode in ("drop", "drop_first"):
             request.transport.close()
             await asyncio.sleep(3600)
         if self.mode == "slow_body":

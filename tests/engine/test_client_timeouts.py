@@ -64,6 +64,21 @@ async def test_a_reused_connection_the_server_closed_is_sent_again_on_a_new_one(
             await c.set_weight_version(2)
 
 
+async def test_a_generate_sent_again_carries_a_fresh_rid_and_the_first_is_aborted(misbehaving):
+    # the server read the first send and may be running it: the same rid again would be refused by SGLang (400
+    # "Duplicate request ID detected", seen when a loaded machine dropped connections under an eval)
+    misbehaving.mode = "drop_first"
+    misbehaving.answer = {"output_ids": [7], "text": "x",
+                          "meta_info": {"output_token_logprobs": [[-0.5, 7, None]], "finish_reason": {"type": "stop"}}}
+    async with SGLangClient(misbehaving.url, timeouts=Timeouts(generate_s=20, control_s=20)) as c:
+        out = await c.generate([1, 2], SamplingParams(max_new_tokens=1))
+        await misbehaving.arrival("/abort_request")  # sent in the background
+    assert out.output_ids == [7] and out.logprobs == [-0.5]
+    first, second = (b for h, b in zip(misbehaving.hits, misbehaving.bodies) if h == "/generate")
+    assert first["rid"] != second["rid"] and first["input_ids"] == second["input_ids"] == [1, 2]
+    assert {"rid": first["rid"]} in misbehaving.bodies  # the first send is aborted on the server
+
+
 async def test_idle_connections_are_closed_before_the_server_would(misbehaving):
     misbehaving.mode = "drop_reused"
     async with SGLangClient(misbehaving.url, timeouts=Timeouts(control_s=20), keepalive_s=0.2,
