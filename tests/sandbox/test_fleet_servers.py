@@ -146,3 +146,15 @@ async def test_a_fleet_of_two_real_servers(started: list[Served]) -> None:
         result = await CodeTestsReward(fleet)(task, RewardInput(text="```python\nprint(5)\n```"))
         assert result.status is RewardStatus.INFRA_ERROR and math.isnan(result.score), result
         await session.aclose()
+
+
+async def test_cli_runs_a_program_on_a_fleet(started: list[Served], tmp_path: Path) -> None:
+    program = tmp_path / "prog.py"
+    program.write_text("print('from the fleet')")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENTRL_SANDBOX_TOKEN": TOKEN}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentrl.cli", "sandbox", "run", str(program), "--backend", "remote", "--url",
+        ",".join(s.url for s in started), cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert (proc.returncode, out) == (0, b"from the fleet\n"), err.decode()[-2000:]
