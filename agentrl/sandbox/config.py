@@ -47,7 +47,7 @@ class SandboxConfig(BaseModel):
 
     backend: Literal["local", "docker", "remote", "auto"] = "local"  # auto: docker if an engine answers, else local
     url: str | list[str] | None = None  # the sandbox server(s) of backend "remote" (ignored by the others)
-    urls_file: Path | None = None  # instead of url: a file with one server URL per line (read when built)
+    urls_file: str | None = None  # instead of url: a file with one server URL per line (read when built)
     fleet: FleetConfig = Field(default_factory=FleetConfig)  # several servers: their health checks
     max_concurrency: Annotated[int, Field(ge=1)] = 8  # programs running at once (remote: the server's own bound applies)
     options: dict[str, Any] = Field(default_factory=dict)  # more of the backend's constructor options
@@ -76,15 +76,15 @@ class SandboxConfig(BaseModel):
             urls = split_urls(self.url) if self.url is not None else []
         else:
             try:
-                lines = self.urls_file.read_text().splitlines()
+                lines = Path(self.urls_file).read_text().splitlines()
             except OSError as exc:
-                raise ConfigError(f"sandbox.urls_file {str(self.urls_file)!r} cannot be read: {exc}") from None
+                raise ConfigError(f"sandbox.urls_file {self.urls_file!r} cannot be read: {exc}") from None
             urls = []
             for i, line in enumerate(lines, 1):
                 if text := line.split("#", 1)[0].strip():
-                    urls.append(check_url(text, f"sandbox.urls_file {str(self.urls_file)!r} line {i}"))
+                    urls.append(check_url(text, f"sandbox.urls_file {self.urls_file!r} line {i}"))
             if not urls:
-                raise ConfigError(f"sandbox.urls_file {str(self.urls_file)!r} lists no server URL (one per line)")
+                raise ConfigError(f"sandbox.urls_file {self.urls_file!r} lists no server URL (one per line)")
         seen = {u.rstrip("/") for u in urls}
         if len(seen) < len(urls):
             raise ConfigError(f"sandbox servers are listed twice: {urls}")

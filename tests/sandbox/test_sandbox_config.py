@@ -39,7 +39,7 @@ def test_several_servers_make_a_fleet(tmp_path: Path) -> None:
         assert fleet.config.health_interval_s == 1.5
     listing = tmp_path / "servers.txt"
     listing.write_text("# the sandbox fleet\nhttp://a:1\n\nhttp://b:2  # the second\n")
-    fleet = SandboxConfig(backend="remote", urls_file=listing).build()
+    fleet = SandboxConfig(backend="remote", urls_file=str(listing)).build()
     assert isinstance(fleet, SandboxFleet) and fleet.urls == ["http://a:1", "http://b:2"]
     one = SandboxConfig(backend="remote", url=["http://a:1"]).build()
     assert isinstance(one, RemoteSandbox)
@@ -61,13 +61,13 @@ def test_bad_server_lists_are_refused_with_what_was_expected(fields: dict, messa
 def test_a_bad_urls_file_says_which_line(tmp_path: Path) -> None:
     listing = tmp_path / "servers.txt"
     with pytest.raises(ConfigError, match="cannot be read"):
-        SandboxConfig(backend="remote", urls_file=listing).build()
+        SandboxConfig(backend="remote", urls_file=str(listing)).build()
     listing.write_text("# none yet\n")
     with pytest.raises(ConfigError, match="lists no server URL"):
-        SandboxConfig(backend="remote", urls_file=listing).build()
+        SandboxConfig(backend="remote", urls_file=str(listing)).build()
     listing.write_text("http://a:1\nlocalhost:8080\n")
     with pytest.raises(ConfigError, match="line 2: expected a sandbox server's URL"):
-        SandboxConfig(backend="remote", urls_file=listing).build()
+        SandboxConfig(backend="remote", urls_file=str(listing)).build()
     listing.write_text("http://a:1\nhttp://a:1/\n")
     with pytest.raises(ConfigError, match="listed twice"):
-        SandboxConfig(backend="remote", urls_file=listing).build()
+        SandboxConfig(backend="remote", urls_file=str(listing)).build()
