@@ -1,5 +1,6 @@
 """The sandbox server over real HTTP (uvicorn on a free port, local backend): SandboxFusion's wire format,
-auth, admission (429), the load /v1/ping reports, sessions, health through hostile programs; the RemoteSandbox client's retries; the CLI."""
+auth, admission (429), the load /v1/ping reports, sessions, health through hostile programs; the RemoteSandbox
+client's retries; the CLI."""
 
 from __future__ import annotations
 
