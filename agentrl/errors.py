@@ -12,6 +12,8 @@
     │   │   ├── _Busy              engine.client (private): a 502/503 the client's retry waits out
     │   │   └── _Retryable         engine.openai_chat (private): a 429/5xx or dropped connection, retried
     │   ├── SandboxError           the sandbox could not run the program (not: the program failed)
+    │   │   └── ServerUnavailable  sandbox.remote: a sandbox server unreachable or refusing (429/5xx) after
+    │   │                          every attempt; nothing ran, so a fleet sends the run to another server
     │   ├── RewardError            a reward could not be computed (its sandbox or checker failed): the sample
     │   │                          has no score; the episode raises it, the scheduler retries or drops the group
     │   ├── VerifierError          rewards.base: the math checker pool failed (a reward returns it as INFRA_ERROR)

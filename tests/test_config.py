@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from agentrl.async_rollout import EpisodeBudget, RolloutConfig
 from agentrl.engine import PoolConfig, SamplingParams, SGLangServerConfig, Timeouts
@@ -83,7 +84,9 @@ OTHER = {"update_mode": "drain", "pause_mode": "abort", "max_dropped_per_queued"
          "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"', "backend": "docker",
          "url": "http://127.0.0.1:9", "options": {"pool_size": 2}, "host": "127.0.0.2", "device": "cuda",
          "dtype": "float32", "context_length": 512, "base_gpu_id": 1, "mem_fraction_static": 0.5,
-         "python": "/usr/bin/python3", "extra_args": ["--x"], "env": {"A": "1"}, "log_level": "info"}
+         "python": "/usr/bin/python3", "extra_args": ["--x"], "env": {"A": "1"}, "log_level": "info",
+         "urls_file": "/srv/sandbox_servers.txt",
+         "fleet": {"health_interval_s": 1.0, "health_timeout_s": 2.0, "failures_to_down": 3}}
 
 
 def _other(name: str, default: object) -> object:
@@ -136,7 +139,8 @@ def test_every_field_of_a_component_config_is_a_key_of_its_section(section, owne
     built from."""
     for name, default in _field_defaults(owner).items():
         value = _other(name, default)
-        assert getattr(held(load_config(None, [f"{section}.{name}={_yaml(value)}"])), name) == value, name
+        got = getattr(held(load_config(None, [f"{section}.{name}={_yaml(value)}"])), name)
+        assert (got.model_dump() if isinstance(got, BaseModel) else got) == value, name  # a nested model: its keys
 
 
 @pytest.mark.parametrize(("owner", "part"), [(RolloutConfig, "scheduler"), (SamplingParams, "sampling"),

@@ -1,6 +1,6 @@
 """Sandboxes: run untrusted code under hard limits (local bubblewrap, Docker warm pool, or a remote server).
 
-    sandbox = make_sandbox("local")            # or "docker", "remote" (url=...), "auto"; or SandboxConfig(...).build()
+    sandbox = make_sandbox("local")  # or "docker", "remote" (url=... or urls=[...]), "auto"; or SandboxConfig(...).build()
     async with sandbox:
         result = await sandbox.run(RunRequest(code="print(1)", limits=Limits(time_s=5)))
         async with await sandbox.session("python", Limits(time_s=5)) as s:
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunResult, RunStatus, Sandbox, Session
     from agentrl.sandbox.config import SandboxConfig
     from agentrl.sandbox.docker import DockerSandbox
+    from agentrl.sandbox.fleet import SandboxFleet
     from agentrl.sandbox.local import LocalSandbox
     from agentrl.sandbox.remote import RemoteSandbox
     from agentrl.sandbox.server import create_app
@@ -30,6 +31,7 @@ BACKENDS = ("local", "docker", "remote", "auto")
 _HOME = {
     **dict.fromkeys(["Limits", "RequestStatus", "RunRequest", "RunResult", "RunStatus", "Sandbox", "Session"], "base"),
     "SandboxConfig": "config",
+    "SandboxFleet": "fleet",
     "DockerSandbox": "docker",
     "LocalSandbox": "local",
     "RemoteSandbox": "remote",
@@ -54,8 +56,8 @@ def docker_available(timeout_s: float = 3.0) -> str | None:
 
 def make_sandbox(backend: str, **opts: Any) -> Sandbox:
     """A sandbox backend by name: ``local`` (bubblewrap), ``docker`` (warm container pool), ``remote`` (a
-    sandbox server; needs ``url=``), ``auto`` (docker if an engine answers, else local). ``opts`` go to the
-    backend's constructor. Nothing starts until the first use (or ``async with``)."""
+    sandbox server, ``url=``; or a fleet of them, ``urls=[...]``), ``auto`` (docker if an engine answers, else
+    local). ``opts`` go to the backend's constructor. Nothing starts until the first use (or ``async with``)."""
     if backend == "auto":
         backend = "docker" if docker_available() is None else "local"
     if backend == "local":
@@ -66,6 +68,10 @@ def make_sandbox(backend: str, **opts: Any) -> Sandbox:
         from agentrl.sandbox.docker import DockerSandbox
 
         return DockerSandbox(**opts)
+    if backend == "remote" and "urls" in opts:
+        from agentrl.sandbox.fleet import SandboxFleet
+
+        return SandboxFleet(**opts)
     if backend == "remote":
         from agentrl.sandbox.remote import RemoteSandbox
 
@@ -75,8 +81,8 @@ def make_sandbox(backend: str, **opts: Any) -> Sandbox:
 
 __all__ = [
     "BACKENDS", "DockerSandbox", "Limits", "LocalSandbox", "RemoteSandbox", "RequestStatus", "RunRequest",
-    "RunResult", "RunStatus", "Sandbox", "SandboxConfig", "SandboxError", "Session", "create_app", "docker_available",
-    "make_sandbox",
+    "RunResult", "RunStatus", "Sandbox", "SandboxConfig", "SandboxError", "SandboxFleet", "Session", "create_app",
+    "docker_available", "make_sandbox",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -8,6 +8,8 @@ else is here, once:
 - ``run``: at most ``max_concurrency`` runs at a time; a warm worker from the pool of the run's container-level
   limits (``_pool_key``), replaced once by a fresh one if it died while idle; the worker is reused after a clean
   run and destroyed after a dirty, timed-out or ``max_uses``-th one;
+- starts: at most ``max_starting`` workers start at once, however many the pools, the runs and the sessions ask
+  for (a burst of runs on a cold pool must not ask the Docker engine for dozens of containers at once);
 - ``session``: at most ``max_sessions`` open (a new one waits ``session_wait_s`` for a slot), each on a worker
   of its own that is never reused;
 - failures to start: the sandbox's own failure, never the program's. ``run`` answers them with a
@@ -70,13 +72,15 @@ class WarmSandbox(ABC, Generic[W]):
 
     def __init__(self, *, limits: Limits, max_concurrency: int, pool_size: int | None, max_sessions: int,
                  session_idle_s: float, session_wait_s: float, start_timeout_s: float, grace_s: float,
-                 max_uses: int) -> None:
-        if max_concurrency < 1 or max_sessions < 1:
-            raise ConfigError("max_concurrency and max_sessions must be >= 1")
+                 max_uses: int, max_starting: int = 4) -> None:
+        if max_concurrency < 1 or max_sessions < 1 or max_starting < 1:
+            raise ConfigError(f"max_concurrency, max_sessions and max_starting must be >= 1, got {max_concurrency}, "
+                              f"{max_sessions} and {max_starting}")
         self.limits, self.max_sessions = limits, max_sessions
         self._start_timeout_s, self._grace_s, self._max_uses = start_timeout_s, grace_s, max_uses
         self._idle_s, self._session_wait_s = session_idle_s, session_wait_s
         self._runs = asyncio.Semaphore(max_concurrency)
+        self._starting = asyncio.Semaphore(max_starting)  # workers starting at once (see _start_worker)
         self._session_slots = asyncio.Semaphore(max_sessions)
         self._sessions: set[ReplSession] = set()
         self._pool_size = pool_size or max_concurrency
@@ -93,6 +97,11 @@ class WarmSandbox(ABC, Generic[W]):
     @abstractmethod
     async def _spawn(self, limits: Limits) -> W:
         """Start one worker with these container-level limits, answering a ping (raises SandboxError)."""
+
+    async def _start_worker(self, limits: Limits) -> W:
+        """``_spawn``, at most ``max_starting`` at a time: every start goes through here."""
+        async with self._starting:
+            return await self._spawn(limits)
 
     def _pool_key(self, limits: Limits) -> Hashable:
         """The part of ``limits`` fixed when a worker starts (workers differing in it are pooled apart)."""
@@ -120,7 +129,7 @@ class WarmSandbox(ABC, Generic[W]):
                 raise SandboxError(f"the {self.kind} sandbox is closed")
             await self._setup()
             pool = self._pool(self.limits)
-            pool.put(await self._spawn(self.limits))
+            pool.put(await self._start_worker(self.limits))
             pool.fill()
             self._ready = True
             log.info("%s sandbox ready", self.kind)
@@ -136,7 +145,7 @@ class WarmSandbox(ABC, Generic[W]):
             if len(self._pools) >= MAX_POOLS:
                 size = 0  # too many distinct limits: workers for these are made per run, not kept warm
             lim = Limits(memory_mb=limits.memory_mb, pids=limits.pids, file_size_mb=limits.file_size_mb)
-            pool = self._pools[key] = WarmPool(lambda: self._spawn(lim), _destroy, size, alive=_alive,
+            pool = self._pools[key] = WarmPool(lambda: self._start_worker(lim), _destroy, size, alive=_alive,
                                                name=f"{self.kind} sandbox")
         return pool
 
@@ -153,7 +162,7 @@ class WarmSandbox(ABC, Generic[W]):
         async with self._runs:
             for attempt in range(2):  # a warm worker that died while idle is replaced once
                 try:
-                    worker = await (pool.get() if attempt == 0 else self._spawn(request.limits))
+                    worker = await (pool.get() if attempt == 0 else self._start_worker(request.limits))
                 except SandboxError as exc:
                     return sandbox_error(str(exc), time.monotonic() - t0)
                 result = await self._run_in(worker, request, t0, pool)

@@ -25,9 +25,12 @@ Backend = Annotated[str, typer.Option("--backend", help="local (bubblewrap), doc
 def _options(backend: str, max_concurrency: int, image: str | None, url: str | None,
              token: str | None) -> dict[str, object]:
     if backend == "remote":
-        if not url:
-            raise typer.BadParameter("--backend remote needs --url")
-        return {"url": url, "token": token}
+        from agentrl.sandbox.config import split_urls
+
+        urls = split_urls(url or "")
+        if not urls:
+            raise typer.BadParameter("--backend remote needs --url (several servers: comma-separated)")
+        return {"url": urls[0], "token": token} if len(urls) == 1 else {"urls": urls, "token": token}
     opts: dict[str, object] = {"max_concurrency": max_concurrency}
     if backend == "docker" and image:
         opts["image"] = image
@@ -76,7 +79,7 @@ def run(
     backend: Backend = "local",
     time_s: Annotated[float, typer.Option("--time", help="wall-clock limit in seconds")] = 10.0,
     memory_mb: Annotated[int, typer.Option(help="memory limit")] = 256,
-    url: Annotated[str | None, typer.Option(help="remote backend: the server's URL")] = None,
+    url: Annotated[str | None, typer.Option(help="remote backend: the server's URL (several: comma-separated)")] = None,
     token: Annotated[str | None, typer.Option(envvar="AGENTRL_SANDBOX_TOKEN")] = None,
 ) -> None:
     """Run one program in the sandbox; prints its stdout/stderr and exits with its exit code."""

@@ -103,10 +103,11 @@ class DockerSandbox(WarmSandbox[_DockerBox]):
                  max_sessions: int = 32, session_idle_s: float = 600.0, session_wait_s: float = 60.0,
                  limits: Limits | None = None, cpus: float = 1.0, scratch_mb: int = 64, runtime: str | None = None,
                  base_url: str | None = None, client: Any = None, start_timeout_s: float = 30.0, grace_s: float = 2.0,
-                 max_uses: int = 200) -> None:
+                 max_uses: int = 200, max_starting: int = 4) -> None:
         super().__init__(limits=limits or Limits(), max_concurrency=max_concurrency, pool_size=pool_size,
                          max_sessions=max_sessions, session_idle_s=session_idle_s, session_wait_s=session_wait_s,
-                         start_timeout_s=start_timeout_s, grace_s=grace_s, max_uses=max_uses)
+                         start_timeout_s=start_timeout_s, grace_s=grace_s, max_uses=max_uses,
+                         max_starting=max_starting)
         self.image, self.runtime, self.cpus, self.scratch_mb = image, runtime, cpus, scratch_mb
         self._client, self._base_url, self._owns_client = client, base_url, client is None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

@@ -90,14 +90,16 @@ class LocalSandbox(WarmSandbox[_LocalBox]):
     """Sandbox backend on bubblewrap. ``max_concurrency`` bounds concurrent runs (others wait), ``pool_size``
     sandboxes are kept warm, at most ``max_sessions`` sessions are open (``session()`` waits up to
     ``session_wait_s`` for a slot), a session idle for ``session_idle_s`` is closed. ``use_cgroups``: None uses
-    them when writable, True requires them, False never uses them. ``cpus`` is each sandbox's CPU quota."""
+    them when writable, True requires them, False never uses them. ``cpus`` is each sandbox's CPU quota; at most
+    ``max_starting`` sandboxes start at once."""
 
     kind = "local"
 
     def __init__(self, *, max_concurrency: int = 8, pool_size: int | None = None, max_sessions: int = 64,
                  session_idle_s: float = 600.0, session_wait_s: float = 60.0, python: str = "/usr/bin/python3",
                  scratch_mb: int = 64, cpus: float = 1.0, use_cgroups: bool | None = None,
-                 start_timeout_s: float = 10.0, grace_s: float = 2.0, max_uses: int = 200) -> None:
+                 start_timeout_s: float = 10.0, grace_s: float = 2.0, max_uses: int = 200,
+                 max_starting: int = 4) -> None:
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
             raise SandboxError(f"the local sandbox needs bubblewrap (`bwrap` is not on PATH): {INSTALL_HINT}")
@@ -108,7 +110,8 @@ class LocalSandbox(WarmSandbox[_LocalBox]):
         # one pool for every limit: a run's limits are set on its sandbox's cgroup and rlimits, not at its start
         super().__init__(limits=Limits(), max_concurrency=max_concurrency, pool_size=pool_size,
                          max_sessions=max_sessions, session_idle_s=session_idle_s, session_wait_s=session_wait_s,
-                         start_timeout_s=start_timeout_s, grace_s=grace_s, max_uses=max_uses)
+                         start_timeout_s=start_timeout_s, grace_s=grace_s, max_uses=max_uses,
+                         max_starting=max_starting)
         self.python, self.scratch_mb, self.cpus = python, scratch_mb, cpus
         self._use_cgroups = use_cgroups
         self._cgroups: CgroupTree | None = None

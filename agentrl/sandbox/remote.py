@@ -6,7 +6,10 @@ did not run the request). A run is also retried after a dropped connection (a ru
 session cell never is (it may have changed the session's state). Every attempt has a deadline: the run's time
 limit plus ``timeout_s``; an attempt past it is not retried (the server may still be running it). Failures
 of the server or the network come back as ``SandboxError`` results (``run``) or raise ``SandboxError``
-(``session``); a request the server rejects as invalid (400/422) raises ``ConfigError``.
+(``session``); a request the server rejects as invalid (400/422) raises ``ConfigError``. When the attempts ran out on
+failures that left no effect (no connection, 429/502/503/504), the error is :class:`ServerUnavailable`: a
+:class:`agentrl.sandbox.fleet.SandboxFleet` sends such a run to another server. ``load()`` reads the server's
+:class:`ServerLoad` from ``/v1/ping`` (one attempt: the fleet's health loop is the retry).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from agentrl.errors import ConfigError, SandboxError
 from agentrl.retry import Retry
 from agentrl.sandbox._wire import sandbox_error
 from agentrl.sandbox.base import Limits, RunRequest, RunResult
-from agentrl.sandbox.schemas import LimitsModel, ResultModel, RunModel
+from agentrl.sandbox.schemas import LimitsModel, ResultModel, RunModel, ServerLoad
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +32,21 @@ RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
 class _Retryable(Exception):
-    """The call did not reach the server, or the server did not run it: safe to send again."""
+    """The call did not reach the server, or the server did not run it: safe to send again. ``busy``: the server
+    answered 429 (it is up, but full)."""
+
+    def __init__(self, message: str, *, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy
+
+
+class ServerUnavailable(SandboxError):
+    """The sandbox server could not be reached or did not run the call, after every attempt: nothing ran, so it is
+    safe to send elsewhere. ``busy``: the server answered, but was full (429), so it is up."""
+
+    def __init__(self, message: str, *, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy
 
 
 class RemoteSandbox:
@@ -73,13 +90,14 @@ class RemoteSandbox:
         try:
             return await self._retry.call(attempt, retry_on=_Retryable, what=f"sandbox call {method} {path}")
         except _Retryable as exc:
-            raise SandboxError(f"{method} {self.url}{path} failed after {self._retry.attempts} attempts: {exc}") \
-                from None
+            raise ServerUnavailable(f"{method} {self.url}{path} failed after {self._retry.attempts} attempts: {exc}",
+                                    busy=exc.busy) from None
 
     async def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         async with self._client().request(method, self.url + path, json=body) as resp:
             if resp.status in RETRY_STATUS:
-                raise _Retryable(f"the server answered {resp.status}: {(await resp.text())[:300]}")
+                raise _Retryable(f"the server answered {resp.status}: {(await resp.text())[:300]}",
+                                 busy=resp.status == 429)
             if resp.status in (400, 404, 422):
                 raise ConfigError(f"the sandbox server rejected {method} {path} ({resp.status}): "
                                   f"{(await resp.text())[:500]}")
@@ -89,13 +107,17 @@ class RemoteSandbox:
             return await resp.json()
 
     async def run(self, request: RunRequest) -> RunResult:
-        body = RunModel.of(request).model_dump(mode="json")
         try:
-            data = await self._call("POST", "/v1/run", body,
-                                    request.run_time_s + request.limits.compile_time_s + self._timeout_s,
-                                    idempotent=True)
+            return await self.run_or_raise(request)
         except SandboxError as exc:
             return sandbox_error(str(exc))
+
+    async def run_or_raise(self, request: RunRequest) -> RunResult:
+        """``run``, but the sandbox's failures to answer are raised: :class:`ServerUnavailable` (nothing ran: safe
+        to send elsewhere) or :class:`SandboxError` (e.g. no answer within the deadline: it may have run)."""
+        body = RunModel.of(request).model_dump(mode="json")
+        data = await self._call("POST", "/v1/run", body,
+                                request.run_time_s + request.limits.compile_time_s + self._timeout_s, idempotent=True)
         return ResultModel.model_validate(data).to_result()
 
     async def session(self, language: str = "python", limits: Limits | None = None) -> RemoteSession:
@@ -105,9 +127,24 @@ class RemoteSandbox:
 
     async def ping(self) -> bool:
         try:
-            return await self._call("GET", "/v1/ping", None, self._timeout_s, idempotent=True) == "pong"
-        except (SandboxError, ConfigError):
+            await self.load()
+        except ServerUnavailable:
             return False
+        return True
+
+    async def load(self, timeout_s: float | None = None) -> ServerLoad | None:
+        """The server's load as its ``/v1/ping`` reports it (None from a server that answers ``pong`` without it);
+        raises :class:`ServerUnavailable` unless it answers ``pong`` within ``timeout_s`` (default ``timeout_s``
+        of the client). One attempt, no retry."""
+        try:
+            async with asyncio.timeout(timeout_s or self._timeout_s):
+                async with self._client().get(self.url + "/v1/ping") as resp:
+                    body = await resp.json() if resp.status == 200 else None
+                    if body != "pong":
+                        raise ServerUnavailable(f"GET {self.url}/v1/ping answered {resp.status}, not pong")
+                    return ServerLoad.from_headers(resp.headers)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ServerUnavailable(f"GET {self.url}/v1/ping failed: {exc!r}") from None
 
     async def aclose(self) -> None:
         if self._http is not None:

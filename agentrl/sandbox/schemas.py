@@ -1,5 +1,6 @@
 """The sandbox server's wire format (pydantic v2): SandboxFusion's ``/run_code`` and ``/run_jupyter`` models
-(same field names, defaults and status values), and agentrl's own lossless ``/v1/...`` models.
+(same field names, defaults and status values), agentrl's own lossless ``/v1/...`` models, and the load a server
+reports on ``GET /v1/ping`` (:class:`ServerLoad`, in headers) for a fleet's client to steer by.
 
 SandboxFusion's meaning of the run status differs from ours in one place: there, ``Error`` means the sandbox
 could not run the command (request status ``SandboxError``), and a program that exits non-zero is ``Finished``
@@ -9,6 +10,8 @@ with its ``return_code`` (request status ``Failed``). :func:`to_fusion` and :fun
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
@@ -223,3 +226,37 @@ class SessionOpened(BaseModel):
 class CellModel(BaseModel):
     code: str
     time_s: float | None = Field(default=None, gt=0, le=600)
+
+
+# ------------------------------------------------------------------------------------------------ server load
+
+LOAD_HEADERS = ("X-Sandbox-Running", "X-Sandbox-Queued", "X-Sandbox-Capacity", "X-Sandbox-Sessions")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """What a sandbox server is doing now, as ``GET /v1/ping`` reports it in headers (the body stays SandboxFusion's
+    ``"pong"``): requests holding a slot, requests waiting for one, slots (``max_concurrency``), open sessions."""
+
+    running: int
+    queued: int
+    capacity: int
+    sessions: int = 0
+
+    @property
+    def busy(self) -> int:
+        """Requests the server holds: running or queued."""
+        return self.running + self.queued
+
+    def headers(self) -> dict[str, str]:
+        return dict(zip(LOAD_HEADERS, map(str, (self.running, self.queued, self.capacity, self.sessions))))
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> ServerLoad | None:
+        """The load a server reported, or None from a server that does not report it (an older one, or
+        SandboxFusion itself)."""
+        try:
+            running, queued, capacity, sessions = (int(headers[h]) for h in LOAD_HEADERS)
+        except (KeyError, ValueError):
+            return None
+        return cls(running, queued, max(1, capacity), sessions)

@@ -1,13 +1,16 @@
 """The sandbox server (FastAPI): SandboxFusion-compatible ``POST /run_code`` and ``POST /run_jupyter``, agentrl's
-own lossless ``POST /v1/run`` and session endpoints, ``GET /v1/ping``.
+own lossless ``POST /v1/run`` and session endpoints, ``GET /v1/ping``, ``GET /metrics``.
 
 - Admission: at most ``max_concurrency`` requests run at once, ``max_queue`` more wait; past that the answer is
   ``429`` with ``Retry-After`` (the client backs off), and ``503`` while the server shuts down. At most
   ``max_sessions`` sessions are open (``429`` past that).
+- Load: ``/v1/ping`` answers ``"pong"`` (SandboxFusion's body) with the requests running, queued, the slots and
+  the open sessions in ``X-Sandbox-*`` headers (:class:`agentrl.sandbox.schemas.ServerLoad`), which a fleet's
+  client steers by; ``/metrics`` has the same as Prometheus gauges (``agentrl_sandbox_running`` ...).
 - Output: each stream is cut at ``max_output_bytes`` (or the request's smaller limit) and ends with a marker.
 - Failures of the sandbox itself are answered ``200`` with status ``SandboxError`` (as SandboxFusion does);
   requests the server cannot accept are ``4xx``.
-- Auth: with ``token`` set, every route but ``/v1/ping`` needs ``Authorization: Bearer <token>``; a body over
+- Auth: with ``token`` set, every route but ``/v1/ping`` (``/metrics`` too) needs ``Authorization: Bearer <token>``; a body over
   ``max_body_bytes`` is ``413`` (both checks are :mod:`agentrl._http`'s, shared with the eval API).
 The server binds 127.0.0.1 unless told otherwise (see ``agentrl sandbox serve``).
 """
@@ -22,10 +25,10 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Response
 
 from agentrl._http import BodyLimit, bearer_auth
 from agentrl.errors import ConfigError, SandboxError
@@ -42,6 +45,7 @@ from agentrl.sandbox.schemas import (
     RunJupyterRequest,
     RunJupyterResponse,
     RunModel,
+    ServerLoad,
     SessionOpen,
     SessionOpened,
     compile_to_fusion,
@@ -56,6 +60,7 @@ class Gate:
 
     def __init__(self, concurrency: int, queue: int) -> None:
         self._sem, self._queue, self.waiting = asyncio.Semaphore(concurrency), queue, 0
+        self.capacity, self.running = concurrency, 0
         self.closing = False
 
     @contextlib.asynccontextmanager
@@ -70,9 +75,11 @@ class Gate:
             await self._sem.acquire()
         finally:
             self.waiting -= 1
+        self.running += 1
         try:
             yield
         finally:
+            self.running -= 1
             self._sem.release()
 
 
@@ -108,9 +115,21 @@ def create_app(sandbox: Sandbox, *, max_concurrency: int = 8, max_queue: int = 6
         except SandboxError as exc:
             return sandbox_error(str(exc))
 
+    def load() -> ServerLoad:
+        return ServerLoad(gate.running, gate.waiting, gate.capacity, len(sessions))
+
     @app.get("/v1/ping")
-    async def ping() -> str:
+    async def ping(response: Response) -> str:
+        response.headers.update(load().headers())
         return "pong"
+
+    metrics = _metrics(load)
+
+    @app.get("/metrics", dependencies=[Depends(auth)])
+    async def prometheus() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/run_code", response_model=RunCodeResponse, dependencies=[Depends(auth)])
     async def run_code(req: RunCodeRequest) -> RunCodeResponse:
@@ -178,6 +197,22 @@ def create_app(sandbox: Sandbox, *, max_concurrency: int = 8, max_queue: int = 6
         return {"closed": sess is not None}
 
     return app
+
+
+def _metrics(load: Callable[[], ServerLoad]) -> Any:
+    """A Prometheus registry of this app's own (no process-wide state) whose gauges read ``load()`` when scraped."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry()
+    for name, doc in (("running", "requests holding a slot"), ("queued", "requests waiting for a slot"),
+                      ("capacity", "slots (max_concurrency)"), ("sessions", "open sessions")):
+        gauge = Gauge(f"agentrl_sandbox_{name}", f"sandbox server: {doc}", registry=registry)
+        gauge.set_function(_reader(load, name))
+    return registry
+
+
+def _reader(load: Callable[[], ServerLoad], field: str) -> Callable[[], float]:
+    return lambda: float(getattr(load(), field))
 
 
 async def _close(sess: Session) -> None:

@@ -1,7 +1,7 @@
 """Sandbox fixtures: real backends only (bubblewrap, a Docker engine, a real uvicorn server on a free port).
 
-``sandbox`` is parametrized over ``local``, ``docker`` and ``remote`` (an HTTP server wrapping a local
-sandbox); the docker case is marked ``docker`` and skipped, with the reason, only when no engine answers.
+``sandbox`` is parametrized over ``local``, ``docker``, ``remote`` (an HTTP server wrapping a local
+sandbox) and ``fleet`` (a SandboxFleet over two such servers); the docker case is marked ``docker`` and skipped, with the reason, only when no engine answers.
 """
 
 from __future__ import annotations

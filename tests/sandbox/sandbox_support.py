@@ -12,7 +12,7 @@ import pytest
 from agentrl.sandbox import docker_available
 from agentrl.sandbox.base import Sandbox
 
-BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker), "remote"]
+BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker), "remote", "fleet"]
 ISOLATED = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 
 
@@ -49,22 +49,38 @@ class ServerHandle:
         self.sock.close()
 
 
-async def make_backend(name: str, **opts: object) -> tuple[Sandbox, ServerHandle | None]:
-    """A started sandbox of kind ``name``; for ``remote`` also the server (wrapping a local sandbox)."""
+class Servers:
+    """Several servers, stopped together."""
+
+    def __init__(self, *handles: ServerHandle) -> None:
+        self.handles = handles
+
+    async def stop(self) -> None:
+        for h in self.handles:
+            await h.stop()
+
+
+async def make_backend(name: str, **opts: object) -> tuple[Sandbox, ServerHandle | Servers | None]:
+    """A started sandbox of kind ``name``; for ``remote`` also the server (wrapping a local sandbox), for ``fleet``
+    the two servers of a SandboxFleet (each wrapping a local sandbox of its own)."""
     from agentrl.sandbox import make_sandbox
     from agentrl.sandbox.server import create_app
 
     if name == "docker":
         require_docker()
-    if name != "remote":
+    if name not in ("remote", "fleet"):
         sandbox = make_sandbox(name, **opts)
         await sandbox.start()  # type: ignore[attr-defined]
         return sandbox, None
-    inner = make_sandbox("local", **opts)
-    await inner.start()  # type: ignore[attr-defined]
-    server = await ServerHandle(create_app(inner, max_concurrency=8, max_queue=128, token="test-token",
-                                           close_sandbox=True)).start()
-    return make_sandbox("remote", url=server.url, token="test-token"), server
+    handles = []
+    for _ in range(1 if name == "remote" else 2):
+        inner = make_sandbox("local", **opts)
+        await inner.start()  # type: ignore[attr-defined]
+        handles.append(await ServerHandle(create_app(inner, max_concurrency=8, max_queue=128, token="test-token",
+                                                     close_sandbox=True)).start())
+    if name == "remote":
+        return make_sandbox("remote", url=handles[0].url, token="test-token"), handles[0]
+    return make_sandbox("remote", urls=[h.url for h in handles], token="test-token"), Servers(*handles)
 
 
 @dataclass

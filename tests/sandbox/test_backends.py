@@ -1,5 +1,6 @@
 """What is particular to each backend: set-up errors, rlimit-only mode, session caps and idle expiry, warm
-sandboxes that die while idle, containers that misbehave."""
+sandboxes that die while idle, containers that misbehave, a reused container that starts clean, how many workers
+start at once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from sandbox_support import require_docker
 
 from agentrl.errors import SandboxError
+from agentrl.sandbox._core import WarmSandbox
 from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, RunStatus, Sandbox
 from agentrl.sandbox.local import LocalSandbox
 
@@ -132,3 +134,76 @@ async def test_a_misbehaving_container_is_replaced() -> None:
             assert client.api.containers(all=True, quiet=True, filters={"id": timed_out}) == []
     finally:
         client.close()
+
+
+class _IdleWorker:
+    def __init__(self) -> None:
+        self.uses, self.conn = 0, None
+
+    def alive(self) -> bool:
+        return True
+
+    def oom_kills(self) -> int:
+        return 0
+
+    async def destroy(self) -> None:
+        pass
+
+
+class _CountingStarts(WarmSandbox[_IdleWorker]):  # type: ignore[type-var]
+    """The warm core over workers that take 20 ms to start; counts how many start at once."""
+
+    def __init__(self, max_starting: int) -> None:
+        super().__init__(limits=Limits(), max_concurrency=1, pool_size=12, max_sessions=1, session_idle_s=60.0,
+                         session_wait_s=1.0, start_timeout_s=5.0, grace_s=1.0, max_uses=10, max_starting=max_starting)
+        self.now = self.peak = 0
+
+    async def _setup(self) -> None:
+        pass
+
+    async def _spawn(self, limits: Limits) -> _IdleWorker:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await asyncio.sleep(0.02)
+        finally:
+            self.now -= 1
+        return _IdleWorker()
+
+
+@pytest.mark.parametrize(("max_starting", "peak"), [(3, 3), (100, 11)])
+async def test_workers_start_at_most_max_starting_at_once(max_starting: int, peak: int) -> None:
+    sb = _CountingStarts(max_starting)
+    try:
+        await sb.start()  # one worker to prove it works, then 11 more in the background to fill the pool
+        async with asyncio.timeout(10):
+            while sb._pools[None].ready < 12:
+                await asyncio.sleep(0.01)
+        assert sb.peak == peak
+    finally:
+        await sb.aclose()
+
+
+@pytest.mark.docker
+async def test_a_reused_container_starts_clean() -> None:
+    # One warm container: run 2 lands in the container run 1 used (same hostname, the container's id), and sees
+    # none of what run 1 left: files in /tmp and /dev/shm, a detached process, its environment.
+    require_docker()
+    from agentrl.sandbox.docker import DockerSandbox
+
+    dirty = ("import os, socket, subprocess\nopen('/tmp/left.txt', 'w').write('x')\n"
+             "open('/dev/shm/left', 'w').write('x')\nos.environ['LEFT_BY_RUN_1'] = '1'\n"
+             "subprocess.Popen(['sleep', '300'], start_new_session=True, env=dict(os.environ))\n"
+             "print(socket.gethostname())")
+    check = ("import os, socket\ncmds = []\nfor p in os.listdir('/proc'):\n"
+             "    if p.isdigit() and int(p) != os.getpid():\n        try:\n"
+             "            cmds.append(open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())\n"
+             "        except OSError:\n            pass\n"
+             "print(socket.gethostname(), os.path.exists('/tmp/left.txt'), os.listdir('/dev/shm'),\n"
+             "      'LEFT_BY_RUN_1' in os.environ, any('sleep 300' in c for c in cmds))")
+    async with DockerSandbox(max_concurrency=1, pool_size=1) as sb:
+        r1 = await sb.run(RunRequest(code=dirty))
+        assert r1.status is RequestStatus.SUCCESS, r1
+        r2 = await sb.run(RunRequest(code=check))
+        assert r2.status is RequestStatus.SUCCESS, r2
+        assert r2.stdout.split() == [r1.stdout.strip(), "False", "[]", "False", "False"], (r1.stdout, r2.stdout)

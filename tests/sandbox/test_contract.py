@@ -1,4 +1,4 @@
-"""The sandbox contract, run against every backend: local (bubblewrap), docker, remote (HTTP server)."""
+"""The sandbox contract, run against every backend: local (bubblewrap), docker, remote (HTTP server), fleet (two)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The sandbox server over real HTTP (uvicorn on a free port, local backend): SandboxFusion's wire format,
-auth, admission (429), sessions, health through hostile programs; the RemoteSandbox client's retries; the CLI."""
+auth, admission (429), the load /v1/ping reports, sessions, health through hostile programs; the RemoteSandbox
+client's retries; the CLI."""
 
 from __future__ import annotations
 
@@ -172,3 +173,24 @@ def test_cli_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(sandbox_app, ["run", str(program), "--backend", "local"], input="piped")
     assert result.exit_code == 5, result.output
     assert "from the sandbox piped" in result.output
+
+
+async def test_ping_reports_running_and_queued_requests(local: LocalSandbox) -> None:
+    from agentrl.sandbox.schemas import ServerLoad
+
+    handle = await ServerHandle(create_app(local, max_concurrency=1, max_queue=4)).start()
+    try:
+        async with RemoteSandbox(handle.url) as remote:
+            assert await remote.load() == ServerLoad(running=0, queued=0, capacity=1, sessions=0)
+            slow = RunRequest(code="import time; time.sleep(1.0)")
+            runs = [asyncio.ensure_future(remote.run(slow)) for _ in range(2)]
+            async with asyncio.timeout(30):
+                while (load := await remote.load()) != ServerLoad(running=1, queued=1, capacity=1):
+                    assert load is not None and load.busy <= 2, load
+                    await asyncio.sleep(0.02)
+            assert all(r.status is RequestStatus.SUCCESS for r in await asyncio.gather(*runs))
+            s = await remote.session()
+            assert await remote.load() == ServerLoad(running=0, queued=0, capacity=1, sessions=1)
+            await s.aclose()
+    finally:
+        await handle.stop()
