@@ -22,6 +22,7 @@ of a floor run alternately against ours; the whole module is the ratio arithmeti
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import math
 import os
@@ -85,6 +86,23 @@ def environment(*, dtype: str | None = None, packages: Sequence[str] = ("torch",
     env["load1"] = os.getloadavg()[0]
     env.update(versions(packages))
     return env
+
+
+async def start_pinned(start: Callable[[], T]) -> tuple[T, str]:
+    """Run ``start`` (which starts a server process) with every thread of this process on the first CPU of its
+    affinity, so the server and its children inherit that CPU, then move this process (the client) to the other
+    CPUs: the client's work then does not compete with the server's. Returns ``start``'s result and a description
+    for the report (``server:0,client:1``); on one CPU both share it."""
+    from agentrl.launcher.resources import pin_to_cores  # here: it imports the tokenizer (transformers)
+
+    cpus = sorted(os.sched_getaffinity(0))
+    server, client = cpus[:1], cpus[1:] or cpus
+    pin_to_cores(server)
+    try:
+        result = await asyncio.to_thread(start)
+    finally:
+        pin_to_cores(client)
+    return result, f"server:{','.join(map(str, server))},client:{','.join(map(str, client))}"
 
 
 @dataclass(frozen=True, slots=True)
