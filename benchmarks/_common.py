@@ -5,7 +5,8 @@ A figure we can quote says where it was measured and is robust to a shared machi
 - :func:`environment` — the footer: CPU model (short form), ``cores`` (this process's affinity) and ``nproc``,
   the native bf16 flags (``amx_bf16`` / ``avx512_bf16``, from :mod:`agentrl.hardware`) and any ISA cap set in the
   environment, ``dtype`` (where a model runs), the git commit (``-dirty`` with uncommitted changes to tracked
-  files), the 1-minute load average when the figures were taken, and the versions of the libraries the benchmark
+  files), the 1-minute load average at the start and at the end (``load1_start``, ``load1_end``: a figure from a
+  busy machine says so), and the versions of the libraries the benchmark
   exercises (``torch``, ``sglang``, ``transformers``, ``redis`` = redis-py…).
 - :func:`interleaved` / :func:`ainterleaved` — the floor ``base`` and ``ours`` run alternately (``base, ours``
   in even rounds, ``ours, base`` in odd ones, so load that drifts favours neither) after one untimed warm-up of
@@ -83,7 +84,7 @@ def environment(*, dtype: str | None = None, packages: Sequence[str] = ("torch",
     if dtype is not None:
         env["dtype"] = dtype
     env["commit"] = git_commit()
-    env["load1"] = os.getloadavg()[0]
+    env["load1_start"] = os.getloadavg()[0]
     env.update(versions(packages))
     return env
 
@@ -194,5 +195,5 @@ def fmt(value: Any) -> str:
 
 
 def last_line(figures: Mapping[str, Any], env: Mapping[str, Any]) -> str:
-    """``name=value`` pairs: the benchmark's figures, then the environment footer."""
-    return " ".join(f"{k}={fmt(v)}" for k, v in {**figures, **env}.items())
+    """``name=value`` pairs: the benchmark's figures, then the environment footer and ``load1_end`` (now)."""
+    return " ".join(f"{k}={fmt(v)}" for k, v in {**figures, **env, "load1_end": os.getloadavg()[0]}.items())

@@ -61,8 +61,8 @@ def test_last_line_formats_by_size_and_reads_back() -> None:
     line = _common.last_line({"ratio": 0.98612, "ratio_range": (0.9512, 1.1), "tps": 56.78, "n": 3,
                               "big": 2802.4, "small": 0.04312, "nan": float("nan")},
                              {"cpu": "Intel Xeon", "commit": "abc1234-dirty"})
-    assert line == ("ratio=0.986 ratio_range=0.951-1.100 tps=56.8 n=3 big=2802 small=0.0431 nan=nan "
-                    "cpu=Intel_Xeon commit=abc1234-dirty")
+    assert line.startswith("ratio=0.986 ratio_range=0.951-1.100 tps=56.8 n=3 big=2802 small=0.0431 nan=nan "
+                           "cpu=Intel_Xeon commit=abc1234-dirty load1_end=")
     assert dict(kv.split("=", 1) for kv in line.split())["cpu"] == "Intel_Xeon"
 
 
@@ -82,4 +82,4 @@ def test_environment_names_this_machine() -> None:
     assert env["dtype"] == "fp32" and env["no-such-distribution"] == "absent"
     assert env["pytest"] == pytest.__version__
     assert env["commit"] != "unknown"  # the tests run in a git checkout
-    assert len(_common.last_line({}, env).split()) == len(env)  # one name=value per field
+    assert len(_common.last_line({}, env).split()) == len(env) + 1  # one name=value per field, then load1_end
