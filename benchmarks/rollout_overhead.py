@@ -126,7 +126,7 @@ async def main(args: argparse.Namespace) -> None:
     tasks = make_tasks(args.prompts)
     prompts = [tok.encode_prompt([{"role": "user", "content": t.prompt}]) for t in tasks]
     server_cfg = SGLangServerConfig(model_path=str(model), max_total_tokens=32768)
-    env = environment(dtype=engine_dtype(server_cfg.dtype, server_cfg.device),
+    env = environment(dtype=engine_dtype(server_cfg.dtype, server_cfg.device) if args.url is None else "external",
                       packages=("sglang", "torch", "aiohttp", "httpx"))
     server = None
     url, pinning = args.url, "none"
