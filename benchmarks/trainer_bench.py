@@ -141,8 +141,8 @@ class _Scored(nn.Module):
         self.lm = lm
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        hidden = self.lm.model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
-        logits = self.lm.lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)).float()
+        hidden = self.lm.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+        logits = self.lm.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)).float()
         return torch.log_softmax(logits, -1).gather(-1, targets[:, None])  # [n, 1]: squeezed by the caller (FSDP2
         # warns about a module returning a view)
 
