@@ -89,21 +89,21 @@ def environment(*, dtype: str | None = None, packages: Sequence[str] = ("torch",
     return env
 
 
-async def start_pinned(start: Callable[[], T]) -> tuple[T, str]:
-    """Run ``start`` (which starts a server process) with every thread of this process on the first CPU of its
-    affinity, so the server and its children inherit that CPU, then move this process (the client) to the other
-    CPUs: the client's work then does not compete with the server's. Returns ``start``'s result and a description
-    for the report (``server:0,client:1``); on one CPU both share it."""
+async def start_pinned(*starts: Callable[[], T]) -> tuple[list[T], str]:
+    """Run each ``start`` (which starts a server process) with every thread of this process on the first CPU of
+    its affinity, so the servers and their children inherit that CPU, then move this process (the client) to the
+    other CPUs: the client's work then does not compete with the servers'. Returns the ``start`` results and a
+    description for the report (``server:0,client:1``); on one CPU all share it."""
     from agentrl.launcher.resources import pin_to_cores  # here: it imports the tokenizer (transformers)
 
     cpus = sorted(os.sched_getaffinity(0))
     server, client = cpus[:1], cpus[1:] or cpus
     pin_to_cores(server)
     try:
-        result = await asyncio.to_thread(start)
+        results = [await asyncio.to_thread(start) for start in starts]
     finally:
         pin_to_cores(client)
-    return result, f"server:{','.join(map(str, server))},client:{','.join(map(str, client))}"
+    return results, f"server:{','.join(map(str, server))},client:{','.join(map(str, client))}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,7 +155,7 @@ async def main(args: argparse.Namespace) -> None:
     server = None
     url, pinning = args.url, "none"
     if url is None:
-        server, pinning = await start_pinned(SGLangServer(server_cfg).start)
+        (server,), pinning = await start_pinned(SGLangServer(server_cfg).start)
         url = server.url
     try:
         async with SGLangClient(url) as client, \

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,3 +85,27 @@ def test_environment_names_this_machine() -> None:
     assert env["pytest"] == pytest.__version__
     assert env["commit"] != "unknown"  # the tests run in a git checkout
     assert len(_common.last_line({}, env).split()) == len(env) + 1  # one name=value per field, then load1_end
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_start_pinned_puts_every_server_on_the_first_cpu_and_the_client_on_the_others() -> None:
+    from agentrl.launcher.resources import pin_to_cores
+
+    cpus = sorted(os.sched_getaffinity(0))
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        procs.append(subprocess.Popen(["sleep", "30"]))
+        return procs[-1]
+
+    try:
+        started, where = asyncio.run(_common.start_pinned(start, start))
+        assert started == procs and len(procs) == 2
+        assert [os.sched_getaffinity(p.pid) for p in procs] == [{cpus[0]}, {cpus[0]}]  # the second too
+        assert os.sched_getaffinity(0) == set(cpus[1:])
+        assert where == f"server:{cpus[0]},client:{','.join(map(str, cpus[1:]))}"
+    finally:
+        pin_to_cores(cpus)
+        for p in procs:
+            p.kill()
+            p.wait(10)
