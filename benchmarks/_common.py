@@ -6,14 +6,15 @@ A figure we can quote says where it was measured and is robust to a shared machi
   the native bf16 flags (``amx_bf16`` / ``avx512_bf16``, from :mod:`agentrl.hardware`) and any ISA cap set in the
   environment, ``dtype`` (where a model runs), the git commit (``-dirty`` with uncommitted changes to tracked
   files), the 1-minute load average at the start and at the end (``load1_start``, ``load1_end``: a figure from a
-  busy machine says so), and the versions of the libraries the benchmark
-  exercises (``torch``, ``sglang``, ``transformers``, ``redis`` = redis-py…).
+  busy machine says so), and the versions of the libraries the benchmark exercises (``torch``, ``sglang``,
+  ``transformers``, ``redis`` = redis-py…).
 - :func:`interleaved` / :func:`ainterleaved` — the floor ``base`` and ``ours`` run alternately (``base, ours``
   in even rounds, ``ours, base`` in odd ones, so load that drifts favours neither) after one untimed warm-up of
   each; the result is the **median of the per-round ratios** ``rate(ours) / rate(base)`` and its range
   (min, max). A ratio whose range contains 1 is **parity**: the difference is inside the round-to-round noise.
   :data:`MIN_ROUNDS` (7) rounds are what a quoted figure needs; quick runs may use fewer and say so
   (``rounds=`` is on the line).
+- :func:`start_pinned` — servers on the first CPU, the client (this process) on the others.
 - :func:`last_line` — ``name=value`` pairs; floats with a precision that fits their size, ranges as ``lo-hi``,
   spaces in text replaced by ``_`` so that ``line.split()`` then ``split("=", 1)`` reads it back.
 
