@@ -38,7 +38,7 @@ demo-smoke: install
 	$(VENV)/bin/agentrl demo --smoke
 
 bench: install
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 lint: install
 	$(VENV)/bin/ruff check agentrl tests benchmarks

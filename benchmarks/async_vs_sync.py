@@ -11,7 +11,17 @@ trainer step here). Async runs one step's worth of groups at a time (``--max-run
 the rollout run a step ahead, and the first batch, which nothing can overlap, is ready as soon as in sync mode
 (with 8 groups at once it came ~10 s later: two steps' episodes share the engine). Sync mode cannot run more
 than one step's groups at a time anyway. Per-step trainer times (train, wait) are printed for both modes.
-Last line: ``async_speedup=… sync_s=… async_s=…`` (target ≥ 1.6).
+
+``--runs`` pairs (≥ 3 for a figure to quote) alternate the order (sync, async; then async, sync; …) so that what
+a first run pays (cold page cache, compiled kernels) and load that drifts favour neither mode; there is no extra
+warm-up run (each run starts its own servers and trainer: that start-up is outside ``rl_wall_s``). The headline
+is the median of the per-pair ratios of rollout tokens per second of RL wall time, async / sync (both modes do
+the same steps, so this is also the wall-clock speedup when both generate the same number of tokens), with its
+range. Note: sync here leaves the rollout's core idle while the trainer works and vice versa, by construction of
+the split placement; a colocated sync baseline (each phase on both cores) is the fair floor and is not measured
+here yet.
+Last line: ``async_speedup=… async_speedup_range=… rounds=… sync_s=… async_s=… tokens_per_s=…
+sync_tokens_per_s=… cpu=… cores=… dtype=… commit=… sglang=… torch=…`` (target ≥ 1.6; benchmarks/_common.py).
 """
 
 from __future__ import annotations
@@ -19,8 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
+import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from _common import environment, interleaved, last_line  # this folder's
 
 from agentrl.launcher.config import load_config
 from agentrl.launcher.driver import run_training
@@ -62,27 +77,47 @@ def main() -> None:
     ap.add_argument("--pause-mode", default="retract", choices=["retract", "in_place", "abort"],
                     help="how 'interrupt' pauses SGLang: retract recomputes the KV cache of in-flight requests on "
                          "the new weights, in_place keeps it (PipelineRL-style), abort resumes them client-side")
+    ap.add_argument("--runs", type=int, default=3, help="alternating pairs of runs (≥ 3 for a figure to quote)")
+    ap.add_argument("--quick", action="store_true", help="a check that the script runs: 2 steps, 1 pair (not a figure)")
     args = ap.parse_args()
-    out = {}
+    if args.quick:
+        args.steps, args.runs = 2, 1
+    env = environment(dtype=f"engine:{args.engine_dtype},trainer:{args.trainer_dtype}",
+                      packages=("sglang", "torch", "transformers", "ray"))
     with tempfile.TemporaryDirectory() as runs:
-        for mode, eta in (("sync", 0), ("async", 1)):
-            cfg = load_config(None, base=config(runs, mode, eta, args.steps, args.model, args.engine_dtype,
-                                                args.trainer_dtype, args.update_mode, args.pause_mode, args.checkpoint_every,
-                                                args.max_running_groups))
+        count = {"sync": 0, "async": 0}
+
+        def run(mode: str) -> dict[str, Any]:
+            eta = 0 if mode == "sync" else 1
+            name = f"{mode}-{count[mode]}"
+            count[mode] += 1
+            cfg = load_config(None, base=config(runs, name, eta, args.steps, args.model, args.engine_dtype,
+                                                args.trainer_dtype, args.update_mode, args.pause_mode,
+                                                args.checkpoint_every, args.max_running_groups))
             summary = asyncio.run(run_training(cfg))
-            out[mode] = summary
-            rows = [json.loads(x) for x in (Path(runs) / mode / "metrics.jsonl").read_text().splitlines()]
+            rows = [json.loads(x) for x in (Path(runs) / name / "metrics.jsonl").read_text().splitlines()]
+            shutil.rmtree(Path(runs) / name)  # its checkpoints (1.7 GB each): six runs would fill a small disk
             train_s = sum(r["time_s"] - r["wait_s"] for r in rows) / len(rows)  # a trainer step without waiting
-            print(f"{mode} per step (train s, wait s): "
+            print(f"{name} per step (train s, wait s): "
                   f"{[(round(r['time_s'] - r['wait_s'], 1), round(r['wait_s'], 1)) for r in rows]}", flush=True)
-            print(f"{mode:6s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
+            print(f"{name:8s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
                   f"train_step_s={train_s:5.1f}  trainer_wait_s={sum(r['wait_s'] for r in rows) / len(rows):5.1f}  "
                   f"staleness_max={summary['staleness_max']}  tokens={summary['rollout_model_tokens']}  "
                   f"reload_s={summary['reload_s_mean'] or 0:.2f}  episodes_restarted={summary['episodes_restarted']}",
                   flush=True)
-    sync_s, async_s = out["sync"]["rl_wall_s"], out["async"]["rl_wall_s"]
-    print(json.dumps({k: {kk: v[kk] for kk in ("rl_wall_s", "staleness_mean", "staleness_max")} for k, v in out.items()}))
-    print(f"async_speedup={sync_s / async_s:.2f} sync_s={sync_s:.1f} async_s={async_s:.1f}")
+            return summary
+
+        cmp = interleaved(args.runs, lambda: run("sync"), lambda: run("async"),
+                          rate=lambda x: x["rollout_model_tokens"] / x["rl_wall_s"], warmup=False)
+    sync_s = statistics.median(x["rl_wall_s"] for x in cmp.base)
+    async_s = statistics.median(x["rl_wall_s"] for x in cmp.ours)
+    tps = {k: statistics.median(x["rollout_model_tokens"] / x["rl_wall_s"] for x in side)
+           for k, side in (("sync", cmp.base), ("async", cmp.ours))}
+    print(json.dumps({"sync": [x["rl_wall_s"] for x in cmp.base], "async": [x["rl_wall_s"] for x in cmp.ours],
+                      "staleness_max": [x["staleness_max"] for x in cmp.ours]}))
+    print(last_line({**cmp.fields("async_speedup"), "sync_s": sync_s, "async_s": async_s,
+                     "wall_speedup": sync_s / async_s, "tokens_per_s": tps["async"], "sync_tokens_per_s": tps["sync"],
+                     "steps": args.steps, "model": args.model}, env))
 
 
 if __name__ == "__main__":

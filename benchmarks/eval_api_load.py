@@ -10,13 +10,18 @@ lost). The client retries a submission with its one Idempotency-Key, so a lost r
 nor make a second one. A submission's latency is from its first attempt to the answer that was received,
 retries and their back-off included. With ``--kill`` (full runs, default) the API process is SIGKILLed once a
 third of the tasks finished and a new one is started on the same Redis: its reaper re-queues the interrupted
-tasks after their lease.
+tasks after their lease. The kill is proven to have landed while tasks were in flight, twice over:
+``running_at_kill`` (tasks of this run in the ``running`` state in the last look before the kill) and
+``interrupted`` (finished tasks whose ``attempts`` is 2 or more: claimed by the killed process, run again by its
+successor); a run where either is 0 says so, since it did not test recovery.
 
 duplicates = tasks the store holds for this run beyond one per submission (listed by the run's label, cursor-
 paged); lost = submissions that got no task (failed after their retries, or answered with an id the store does
 not hold), plus, in a full run, tasks that never finish or finish with a record count other than their sample
-count. Usage: python benchmarks/eval_api_load.py [--n 100] [--clients 16] [--drop 0.1] [--submit-only]
-[--engine-url URL] [--no-kill]
+count; ``failed`` (tasks that finished as failed: an infrastructure error reported, not lost) is printed beside
+it. Last line: ``submitted=… duplicates=… lost=… failed=… … running_at_kill=… interrupted=… cpu=… cores=…
+commit=…`` (benchmarks/_common.py). Usage: python benchmarks/eval_api_load.py [--n 100] [--clients 16]
+[--drop 0.1] [--submit-only] [--engine-url URL] [--no-kill] [--quick]
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import random
 import signal
 import statistics
@@ -37,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _common import environment, last_line  # this folder's
 
 from agentrl.client import TERMINAL, AsyncEvalClient
 from agentrl.engine.server import SGLangServer, SGLangServerConfig, free_port
+from agentrl.hardware import engine_dtype
 from agentrl.models import resolve_model
 from agentrl.queue import EmbeddedRedis
 
@@ -109,16 +115,6 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 async def submit_all(url: str, n: int, clients: int, drop: float, engine_url: str, run: str,
                      seed: int) -> tuple[list[str], list[float], int, dict[str, int]]:
     """n submissions shared by ``clients`` lossy clients; returns (ids answered, latencies ms, failures, counts)."""
@@ -153,10 +149,10 @@ async def stored_ids(url: str, run: str) -> list[str]:
 
 
 async def run(n: int, clients: int, drop: float, engine_url: str, redis_url: str, data_dir: Path, kill: bool,
-              lease_s: float, submit_only: bool, seed: int) -> None:
+              lease_s: float, submit_only: bool, seed: int, env: dict[str, Any]) -> None:
     api = ApiProcess(redis_url, data_dir, lease_s, max_tasks=0 if submit_only else 4)
     bench = uuid.uuid4().hex[:8]
-    killed = 0
+    killed = running_at_kill = 0
     finished: dict[str, dict[str, Any]] = {}
     try:
         async with AsyncEvalClient(api.url, retries=60, timeout_s=60) as client:
@@ -167,11 +163,14 @@ async def run(n: int, clients: int, drop: float, engine_url: str, redis_url: str
         stored = await stored_ids(api.url, bench)
         wanted = set(ids)
         while not submit_only and len(finished) < len(ids) and time.perf_counter() - t_start < 1800:
+            running = 0
             async with AsyncEvalClient(api.url, retries=60) as client:  # one cursor walk per round, not n GETs
                 async for state in client.iter_evals(page_size=500, labels={"bench": bench}):
                     if state["id"] in wanted and state["status"] in TERMINAL:
                         finished[state["id"]] = state
+                    running += state["id"] in wanted and state["status"] == "running"
             if kill and not killed and len(finished) >= len(ids) // 3:
+                running_at_kill = running  # as seen just before the kill (< 0.1 s: no sleep in between)
                 api.kill()
                 killed += 1
                 api = ApiProcess(redis_url, data_dir, lease_s)
@@ -194,25 +193,32 @@ async def run(n: int, clients: int, drop: float, engine_url: str, redis_url: str
         ("lost", lost), ("submit p50 ms", p50), ("submit p95 ms", pct(lat_ms, 0.95)), ("submit p99 ms", p99),
         ("submit max ms", max(lat_ms)), (f"all {n} submitted in s", t_submitted),
         ("submissions per s", len(ids) / t_submitted)]
+    failed_tasks = interrupted = 0
     if not submit_only:
         succeeded = sum(s["status"] == "succeeded" for s in finished.values())
+        failed_tasks = sum(s["status"] == "failed" for s in finished.values())
+        interrupted = sum(int(s.get("attempts") or 0) >= 2 for s in finished.values())
         lost += len(ids) - complete - sum(s["status"] in ("failed", "cancelled") for s in finished.values())
         rows += [("all finished in s", wall), ("tasks per s (end to end)", len(finished) / wall),
-                 ("succeeded", succeeded), ("failed", sum(s["status"] == "failed" for s in finished.values())),
-                 ("API processes killed mid-run", killed), ("lost (end to end)", lost)]
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores)")
+                 ("succeeded", succeeded), ("failed (reported, not lost)", failed_tasks),
+                 ("API processes killed mid-run", killed), ("tasks running at the kill", running_at_kill),
+                 ("tasks interrupted and re-run", interrupted), ("lost (end to end)", lost)]
     print(f"{'figure':<36}{'value':>12}")
     for name, value in rows:
         print(f"{name:<36}{value:>12.1f}" if isinstance(value, float) else f"{name:<36}{value:>12}")
-    line = (f"submitted={len(ids)} duplicates={duplicates} lost={lost} p50_submit_ms={p50:.1f} "
-            f"p99_submit_ms={p99:.1f}")
+    if killed and not (running_at_kill and interrupted):
+        print("note: the kill did not land while tasks were in flight (running at the kill "
+              f"{running_at_kill}, interrupted {interrupted}): this run did not test recovery")
+    figures: dict[str, Any] = {"submitted": len(ids), "duplicates": duplicates, "lost": lost,
+                               "failed_submissions": failed, "p50_submit_ms": p50, "p99_submit_ms": p99}
     if submit_only:
-        line += (f" submissions_per_s={len(ids) / t_submitted:.1f} clients={clients} "
-                 f"replies_lost={counts['lost_replies']} requests_lost={counts['lost_requests']}")
+        figures.update({"submissions_per_s": len(ids) / t_submitted, "clients": clients,
+                        "replies_lost": counts["lost_replies"], "requests_lost": counts["lost_requests"]})
     else:
-        line += (f" succeeded={succeeded} p95_submit_ms={pct(lat_ms, 0.95):.1f} "
-                 f"tasks_per_s={len(finished) / wall:.2f} killed_servers={killed}")
-    print(line)
+        figures.update({"failed": failed_tasks, "succeeded": succeeded, "p95_submit_ms": pct(lat_ms, 0.95),
+                        "tasks_per_s": len(finished) / wall, "killed_servers": killed,
+                        "running_at_kill": running_at_kill, "interrupted": interrupted, "clients": clients})
+    print(last_line(figures, env))
 
 
 def main() -> None:
@@ -226,16 +232,22 @@ def main() -> None:
     ap.add_argument("--engine-url", default=None, help="a running SGLang server (default: start one, tiny model)")
     ap.add_argument("--no-kill", dest="kill", action="store_false", help="do not kill the API mid-run")
     ap.add_argument("--lease-s", type=float, default=3.0)
+    ap.add_argument("--quick", action="store_true", help="a check that the script runs: 24 submissions, 4 clients")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.clients = 24, 4
     with tempfile.TemporaryDirectory(prefix="agentrl-evalbench-") as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis:
         server = None
-        if args.engine_url is None and not args.submit_only:
-            server = SGLangServer(SGLangServerConfig(model_path=str(resolve_model("tiny")), max_total_tokens=8192),
-                                  log_path=Path(tmp) / "sglang.log").start()
+        ours = args.engine_url is None and not args.submit_only  # the SGLang server is started here
+        server_cfg = SGLangServerConfig(model_path=str(resolve_model("tiny")), max_total_tokens=8192) if ours else None
+        env = environment(dtype=engine_dtype(server_cfg.dtype, server_cfg.device) if server_cfg else None,
+                          packages=("redis", "httpx", "fastapi", "uvicorn") + (() if args.submit_only else ("sglang",)))
+        if server_cfg is not None:
+            server = SGLangServer(server_cfg, log_path=Path(tmp) / "sglang.log").start()
         engine_url = args.engine_url or (server.url if server is not None else "http://127.0.0.1:9")
         try:
             asyncio.run(run(args.n, args.clients, args.drop, engine_url, redis.url, Path(tmp), args.kill,
-                            args.lease_s, args.submit_only, args.seed))
+                            args.lease_s, args.submit_only, args.seed, env))
         finally:
             if server is not None:
                 server.stop()

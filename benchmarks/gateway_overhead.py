@@ -9,19 +9,22 @@ same conversation (the model's reply + the same user message) for the same numbe
 ``max_new_tokens``, greedy; every turn is shaped by the same SGLang regex (``extra_body`` on the agent side), so
 it ends with a stop rather than at the token budget (a native episode ends at a length stop, an agent does not)
 and both sides generate the same tokens. What the ratio measures is everything the gateway adds: HTTP and the
-client SDK, JSON, message canonicalisation and bridging, tool-call parsing, the session's commits. Rounds
-alternate (the order flips every round); the headline is the median of the per-round ratios.
+client SDK, JSON, message canonicalisation and bridging, tool-call parsing, the session's commits. After an
+untimed warm-up, ``--rounds`` rounds (≥ 7 for a figure to quote) alternate (the order flips every round); the
+headline is the median of the per-round ratios gateway / native and its range (a range containing 1 is parity).
+The server is started on the first CPU and this process (agents, gateway, scheduler) moved to the other.
 
 The default model is the demo's (SmolLM2-135M-Instruct): turns cost what they cost in training here. With the
 random ``tiny`` model a 10-token turn takes ~15 ms, and the per-request CPU shows most: on AMD EPYC the agent's
 ``openai`` SDK costs ~1.3 ms a request over raw httpx and the gateway (FastAPI, rendering, bridging) ~0.6 ms, which
 native episodes pay neither of.
 
-Prints a table, then the last line ``gateway_vs_native_ratio=… tokens_per_s=… native_tokens_per_s=… cpu=… commit=…``.
+Prints a table, then the last line ``gateway_vs_native_ratio=… gateway_vs_native_ratio_range=… rounds=…
+tokens_per_s=… native_tokens_per_s=… … cpu=… cores=… dtype=… commit=… sglang=…`` (benchmarks/_common.py).
 
 Usage: .venv/bin/python benchmarks/gateway_overhead.py [--prompts 16] [--concurrency 8] [--turns 3]
-       [--max-new-tokens 48] [--rounds 6] [--model smollm2-135m-instruct|tiny] [--transport inprocess|shared|own]
-       [--url http://…  (use a running server)]
+       [--max-new-tokens 48] [--rounds 7] [--model smollm2-135m-instruct|tiny] [--transport inprocess|shared|own]
+       [--url http://…  (use a running server)] [--quick]
 """
 
 from __future__ import annotations
@@ -29,14 +32,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import statistics
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+from _common import MIN_ROUNDS, ainterleaved, environment, last_line, start_pinned  # this folder's
 from rollout_overhead import CountingSink, NoNewWeights  # this folder's (the script's directory is on sys.path)
 
 from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
@@ -46,6 +47,7 @@ from agentrl.env.agent import ClientConfig, agent_factory
 from agentrl.env.base import Environment, Observation, StepResult
 from agentrl.env.registry import EnvResources
 from agentrl.gateway import GatewayConfig, LocalGateway
+from agentrl.hardware import engine_dtype
 from agentrl.models import resolve_model
 from agentrl.rewards import RewardInput, RewardResult
 from agentrl.tokenizer import ChatTokenizer
@@ -137,19 +139,8 @@ async def one_round(runner: Any, make_env: Any, client: SGLangClient, tasks: lis
     return sink.tokens, time.perf_counter() - t0, time.process_time() - c0, sink.trajectories
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip().replace(" ", "_")
-    return "unknown"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+def tokens_per_s(result: tuple[int, float, float, int]) -> float:
+    return result[0] / result[1]
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -158,11 +149,13 @@ async def main(args: argparse.Namespace) -> None:
     tasks = make_tasks(args.prompts)
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, regex=REGEX)
     budget = EpisodeBudget(max_turns=args.turns, max_response_tokens=1 << 16, max_context_tokens=1 << 16)
+    server_cfg = SGLangServerConfig(model_path=str(model), max_total_tokens=32768)
+    env = environment(dtype=engine_dtype(server_cfg.dtype, server_cfg.device) if args.url is None else "external",
+                      packages=("sglang", "torch", "openai", "httpx", "fastapi"))
     server = None
-    url = args.url
+    url, pinning = args.url, "none"
     if url is None:
-        server = SGLangServer(SGLangServerConfig(model_path=str(model), max_total_tokens=32768))
-        await asyncio.to_thread(server.start)
+        (server,), pinning = await start_pinned(SGLangServer(server_cfg).start)
         url = server.url
     try:
         async with SGLangClient(url) as client, \
@@ -178,39 +171,38 @@ async def main(args: argparse.Namespace) -> None:
             def agent_round(ts: list[Task]) -> Any:
                 return one_round(agent, lambda: agent_env(EnvResources()), client, ts, args.concurrency)
 
-            await native_round(tasks[: args.concurrency])  # warm-up (the regex's grammar, the prefix cache)
-            await agent_round(tasks[: args.concurrency])
-            rows = []
-            for r in range(args.rounds):
-                if r % 2:
-                    ours = await agent_round(tasks)
-                base = await native_round(tasks)
-                if not r % 2:
-                    ours = await agent_round(tasks)
-                rows.append((r, base, ours))
+            async def warmup() -> None:  # the regex's grammar, the prefix cache, the gateway's first requests
+                await native_round(tasks[: args.concurrency])
+                await agent_round(tasks[: args.concurrency])
+
+            cmp = await ainterleaved(args.rounds, lambda: native_round(tasks), lambda: agent_round(tasks),
+                                     rate=tokens_per_s, warmup=warmup)
     finally:
         if server is not None:
             server.stop()
     print(f"{args.prompts} episodes × {args.turns} turns (≤ {args.max_new_tokens} new tokens each, greedy, regex-"
-          f"shaped), concurrency {args.concurrency}, model {args.model}")
+          f"shaped), concurrency {args.concurrency}, model {args.model}, pinned {pinning}")
     print(f"{'round':>5} {'native tok/s':>12} {'gateway tok/s':>13} {'ratio':>6} {'tokens native/gateway':>22} "
           f"{'client CPU ms/episode: native':>30} {'gateway':>8}")
-    for r, (nt, ns, nc, _), (gt, gs, gc, _) in rows:
-        print(f"{r:>5} {nt / ns:>12.1f} {gt / gs:>13.1f} {(gt / gs) / (nt / ns):>6.3f} {f'{nt}/{gt}':>22} "
-              f"{1000 * nc / args.prompts:>30.2f} {1000 * gc / args.prompts:>8.2f}")
-    n_tok, n_s = sum(x[1][0] for x in rows), sum(x[1][1] for x in rows)
-    g_tok, g_s = sum(x[2][0] for x in rows), sum(x[2][1] for x in rows)
+    for r, ((nt, _, nc, _), (gt, _, gc, _)) in enumerate(zip(cmp.base, cmp.ours)):
+        print(f"{r:>5} {tokens_per_s(cmp.base[r]):>12.1f} {tokens_per_s(cmp.ours[r]):>13.1f} {cmp.ratios[r]:>6.3f} "
+              f"{f'{nt}/{gt}':>22} {1000 * nc / args.prompts:>30.2f} {1000 * gc / args.prompts:>8.2f}")
+    n_tok, n_s = sum(x[0] for x in cmp.base), sum(x[1] for x in cmp.base)
+    g_tok, g_s = sum(x[0] for x in cmp.ours), sum(x[1] for x in cmp.ours)
     if n_tok != g_tok:
         print(f"note: unequal work, native {n_tok} vs gateway {g_tok} tokens (the ratio is per token)")
-    if any(x[2][3] != args.prompts for x in rows):
+    if any(x[3] != args.prompts for x in cmp.ours):
         print("note: some agent episodes forked (more trajectories than episodes)")
-    median = statistics.median((gt / gs) / (nt / ns) for _, (nt, ns, _, _), (gt, gs, _, _) in rows)
-    n_cpu, g_cpu = (sum(x[i][2] for x in rows) / (args.rounds * args.prompts) for i in (1, 2))
+    n_cpu, g_cpu = (sum(x[2] for x in side) / (args.rounds * args.prompts) for side in (cmp.base, cmp.ours))
+    lo, hi = cmp.range
     print(f"aggregate: native {n_tok / n_s:.1f} tok/s, gateway {g_tok / g_s:.1f} tok/s, ratio "
-          f"{(g_tok / g_s) / (n_tok / n_s):.3f}; median of per-round ratios {median:.3f}")
-    print(f"gateway_vs_native_ratio={median:.3f} tokens_per_s={g_tok / g_s:.1f} native_tokens_per_s={n_tok / n_s:.1f} "
-          f"client_cpu_ms_per_episode={1000 * g_cpu:.2f} native_client_cpu_ms_per_episode={1000 * n_cpu:.2f} "
-          f"transport={args.transport} model={args.model} cpu={cpu_model()} commit={commit()}")
+          f"{(g_tok / g_s) / (n_tok / n_s):.3f}; median of per-round ratios {cmp.median:.3f} (range {lo:.3f}-"
+          f"{hi:.3f}: {'parity within noise' if cmp.parity else 'outside the noise'})"
+          + ("" if args.rounds >= MIN_ROUNDS else f"; only {args.rounds} rounds: a check, not a figure to quote"))
+    print(last_line({**cmp.fields("gateway_vs_native_ratio"), "tokens_per_s": g_tok / g_s,
+                     "native_tokens_per_s": n_tok / n_s, "client_cpu_ms_per_episode": 1000 * g_cpu,
+                     "native_client_cpu_ms_per_episode": 1000 * n_cpu, "transport": args.transport,
+                     "model": args.model, "pinned": pinning}, env))
 
 
 if __name__ == "__main__":
@@ -219,7 +211,7 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     p.add_argument("--transport", choices=("inprocess", "shared", "own"), default="inprocess",
                    help="the agents' HTTP client: the gateway's in-process one (no socket), one shared loopback "
                         "client, or each episode's own (its SSL context: ~20 ms CPU each)")
@@ -227,4 +219,9 @@ if __name__ == "__main__":
                    help="the demo's model (default); 'tiny' (random, ~1.5 ms a token) isolates the per-request "
                         "overhead, where the agent's SDK alone costs more than the gateway")
     p.add_argument("--url", default=None, help="use a running SGLang server instead of starting one")
-    asyncio.run(main(p.parse_args()))
+    p.add_argument("--quick", action="store_true", help="a check that the script runs: 4 episodes x 2 turns, "
+                                                        "3 rounds (not a figure to quote)")
+    a = p.parse_args()
+    if a.quick:
+        a.prompts, a.concurrency, a.turns, a.rounds = 4, 4, 2, 3
+    asyncio.run(main(a))

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from _common import MIN_ROUNDS, ainterleaved, environment, last_line, start_pinned  # this folder's
 
 from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
 from agentrl.models import resolve_model
@@ -45,32 +46,36 @@ async def main(args: argparse.Namespace) -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(args.prompt_tokens // 2, args.prompt_tokens * 3 // 2))]
                for _ in range(args.requests)]
-    cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpus[0]})  # the servers inherit core 0 ...
+    env = environment(dtype=args.dtype, packages=("sglang", "torch"))
     servers = {name: SGLangServer(SGLangServerConfig(
         model_path=str(model), dtype=args.dtype, max_total_tokens=65536,
         env={"AGENTRL_SGLANG_CPU_PATCHES": flag}), log_path=Path(tempfile.gettempdir()) / f"sglang_decode_bench_{name}.log")
         for name, flag in (("native", "0"), ("fast", "1"))}
     try:
-        for s in servers.values():
-            await asyncio.to_thread(s.start)
-        os.sched_setaffinity(0, set(cpus[1:] or cpus))  # ... the client does not compete with them
-        for s in servers.values():
-            await round_tps(s.url, prompts[: args.concurrency], args.concurrency, 8)  # warm-up
-        rates: dict[str, list[float]] = {"native": [], "fast": []}
-        for r in range(args.rounds):
-            for name in (("native", "fast") if r % 2 == 0 else ("fast", "native")):
-                rates[name].append(await round_tps(servers[name].url, prompts, args.concurrency, args.max_new_tokens))
-            print(f"round {r}: native {rates['native'][-1]:.1f} tok/s, fast paths {rates['fast'][-1]:.1f} tok/s",
-                  flush=True)
+        _, pinning = await start_pinned(*(s.start for s in servers.values()))  # on the first CPU; the client not
+
+        async def warmup() -> None:
+            for s in servers.values():
+                await round_tps(s.url, prompts[: args.concurrency], args.concurrency, 8)
+
+        async def one(name: str) -> float:
+            tps = await round_tps(servers[name].url, prompts, args.concurrency, args.max_new_tokens)
+            print(f"{name} {tps:.1f} tok/s", flush=True)
+            return tps
+
+        cmp = await ainterleaved(args.rounds, lambda: one("native"), lambda: one("fast"), warmup=warmup)
     finally:
         for s in servers.values():
             s.stop()
-    ratio = statistics.median(f / n for f, n in zip(rates["fast"], rates["native"]))
+    lo, hi = cmp.range
     print(f"{args.requests} requests of ~{args.prompt_tokens} prompt tokens, {args.max_new_tokens} new tokens each, "
-          f"concurrency {args.concurrency}, model {args.model} ({args.dtype}), server on 1 core")
-    print(f"fast_vs_native={ratio:.2f} tokens_per_s={statistics.median(rates['fast']):.1f} "
-          f"native_tokens_per_s={statistics.median(rates['native']):.1f}")
+          f"concurrency {args.concurrency}, model {args.model} ({args.dtype}), servers on 1 core (pinned {pinning}); "
+          f"fast / native per round: median {cmp.median:.3f}, range {lo:.3f}-{hi:.3f}"
+          + ("" if args.rounds >= MIN_ROUNDS else f"; only {args.rounds} rounds: a check, not a figure to quote"))
+    print(last_line({**cmp.fields("fast_vs_native"), "tokens_per_s": statistics.median(cmp.ours),
+                     "native_tokens_per_s": statistics.median(cmp.base), "model": args.model,
+                     "requests": args.requests, "concurrency": args.concurrency,
+                     "max_new_tokens": args.max_new_tokens}, env))
 
 
 if __name__ == "__main__":
@@ -81,5 +86,10 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--prompt-tokens", type=int, default=300)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3)
-    asyncio.run(main(p.parse_args()))
+    p.add_argument("--rounds", type=int, default=MIN_ROUNDS)
+    p.add_argument("--quick", action="store_true", help="a check that the script runs: 8 requests of ~64 prompt "
+                                                        "tokens x 16 new, 2 rounds (not a figure to quote)")
+    a = p.parse_args()
+    if a.quick:
+        a.requests, a.concurrency, a.prompt_tokens, a.max_new_tokens, a.rounds = 8, 8, 64, 16, 2
+    asyncio.run(main(a))

@@ -2,44 +2,55 @@
 
 Both sides: FSDP2 (``fully_shard`` per decoder layer, then the root) over gloo at world size 1, fp32, AdamW,
 gradient clipping at 1.0, the PPO clipped surrogate against the engine's behaviour logprobs (agentrl's
-``correction: none``, one forward/backward per micro-batch) with token-mean aggregation. The minimal loop is
-what one writes by hand: pad the batch, full logits, ``log_softmax``, gather, masked mean, backward, step.
-The batch is RL-shaped: variable-length multi-turn trajectories with a masked observation span.
-Rounds alternate between the two so that load from other processes hits both alike; tokens/s use each
-side's fastest round (the least disturbed), and the process CPU-time ratio is printed as a cross-check.
+``correction: none``, one forward/backward per micro-batch) with token-mean aggregation. The minimal loop is the
+floor that does the same work, written by hand the way one would write it well: the trajectories **packed** end
+to end into rows of at most ``--micro-batch-tokens`` (position ids restarting per trajectory, no padding), the LM
+head and log-softmax on the **scored positions only**, as the trainer does in its ``packed`` layout (before issue
+24 the floor padded the batch and ran the head on every position, so the trainer looked faster than it is). The
+batch is RL-shaped: variable-length multi-turn trajectories with a masked observation span.
+After an untimed warm-up step of each, ``--rounds`` rounds (≥ 7 for a figure to quote) alternate between the two
+(the order flips every round) so that load from other processes hits both alike; the headline is the median of
+the per-round wall-time ratios minimal / trainer (> 1: the trainer is faster) and its range (a range containing 1
+is parity); the same for process CPU time as a cross-check (the work done, which a shared machine does not
+stretch). tokens/s use each side's median round.
 
 ``--shape demo`` builds the demo's RL step instead: ``--groups`` groups of ``--group-size`` responses sharing one
 ~86-token prompt, ~146 tokens a trajectory (6 x 8 = 48 trajectories, ~7,000 tokens, as ``agentrl demo``), and
 ``--layout``, ``--kl-coef``, ``--micro-batch-tokens``, ``--logits-chunk-tokens`` and ``--activation-checkpointing``
-set the trainer as a recipe would (``--no-minimal`` times the trainer alone).
+set the trainer as a recipe would (``--no-minimal`` times the trainer alone; the minimal loop has no KL term and
+no shared prefix, so it is the floor of ``--layout packed --kl-coef 0`` only).
 
-Memory: ``trainer_peak_rss_gb`` is the process's ``VmHWM`` after building the Trainer and running two RL steps,
-before the minimal loop exists (so it is the trainer's peak: weights, gradients, AdamW state, reference model,
-activations, logits, allocator); with ``--no-minimal`` it covers every step. ``trainer_mfu``: the model FLOPs of
-a step (6 x decoder matmul parameters x input tokens + 6 x hidden x vocab x scored tokens + attention, 2/6 of
-that for no-grad passes; recomputation not counted) per second of the round with the least process CPU time
+Memory: ``trainer_peak_rss_gb`` is the process's ``VmHWM`` after building the Trainer and running its two warm-up
+steps (the second is the steady-state peak: AdamW's state then exists), before the minimal loop exists (so it is the trainer's peak: weights, gradients, AdamW state, reference
+model, activations, logits, allocator); with ``--no-minimal`` it covers every step. ``trainer_mfu``: the model
+FLOPs of a step (6 x decoder matmul parameters x input tokens + 6 x hidden x vocab x scored tokens + attention, 2/6
+of that for no-grad passes; recomputation not counted) per second of the round with the least process CPU time
 divided by the thread count (the machine is shared: other processes stretch wall time, not the work done), over
 the fp32 matmul rate of this process measured in the same run with the same thread count, before and after the
 rounds, by CPU time too (``[2048, hidden] x [hidden, intermediate]``, the shape of a decoder MLP).
 
-Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 4] [--threads 1]``
-Last line: ``trainer_vs_minimal_ratio=… trainer_tokens_per_s=… minimal_tokens_per_s=… cpu_time_ratio=…
-trainer_peak_rss_gb=… trainer_mfu=… cpu=…``.
+Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 7] [--threads 1]
+[--quick]``. Last line: ``trainer_vs_minimal_ratio=… trainer_vs_minimal_ratio_range=… rounds=…
+trainer_vs_minimal_cpu_ratio=… minimal_tokens_per_s=… trainer_tokens_per_s=… trainer_step_s=…
+trainer_peak_rss_gb=… trainer_mfu=… … cpu=… cores=… dtype=fp32 commit=… torch=… transformers=…``
+(benchmarks/_common.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import platform
 import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from _common import MIN_ROUNDS, Comparison, environment, interleaved, last_line  # this folder's
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -93,13 +104,6 @@ def peak_rss_gb() -> float:
     return float("nan")
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip().replace(" ", "_")
-    return platform.processor() or "unknown"
-
-
 def matmul_flops(hidden: int, inter: int, threads: int, reps: int = 30) -> float:
     """fp32 FLOP/s per core of ``[2048, hidden] @ [hidden, inter]`` in this process: the best of ``reps`` by
     process CPU time / ``threads`` (another process time-slicing the core stretches wall time, not CPU time)."""
@@ -128,46 +132,99 @@ def step_flops(lm_cfg: Any, batch: list[Trajectory], layout: str, passes: float)
     return 2 * passes * (per_token * inputs + h * vocab * scored + attn / 2)
 
 
-class MinimalLoop:
-    """The hand-written baseline: padded batch, full logits, PPO-clip token mean."""
+class _Scored(nn.Module):
+    """Decoder, then the LM head and log-softmax at the scored positions only (one module, so that FSDP2's root
+    hooks gather the embeddings and the head around it)."""
 
-    def __init__(self, path: str, batch: list[Trajectory], lr: float) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        hidden = self.lm.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+        logits = self.lm.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)).float()
+        return torch.log_softmax(logits, -1).gather(-1, targets[:, None])  # [n, 1]: squeezed by the caller (FSDP2
+        # warns about a module returning a view)
+
+
+class MinimalLoop:
+    """The hand-written floor, doing the work the trainer must do and no more: trajectories packed end to end into
+    rows of at most ``budget`` tokens (position ids restart per trajectory, no attention mask: transformers then
+    masks block-diagonally, as for the trainer's ``packed`` layout; no padding), one forward/backward per row
+    (gradient accumulation), the LM head and log-softmax at scored positions only, the PPO clipped surrogate with
+    GRPO advantages, token mean over the batch. What the trainer does beyond it: metrics (entropy, clip fractions,
+    staleness), the micro-batch planner, chunked logits, the checks."""
+
+    def __init__(self, path: str, batch: list[Trajectory], lr: float, budget: int) -> None:
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        self.model = _Scored(lm)
         mesh = init_device_mesh("cpu", (1,))
-        for layer in self.model.model.layers:
+        for layer in lm.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(self.model, mesh=mesh)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
-        width = max(t.num_tokens for t in batch)
-        self.ids = torch.zeros(len(batch), width, dtype=torch.long)
-        self.attn = torch.zeros(len(batch), width, dtype=torch.long)
-        self.mask = torch.zeros(len(batch), width - 1)
-        self.behav = torch.zeros(len(batch), width - 1)
         rewards = torch.tensor([t.reward for t in batch])
-        groups = torch.tensor([int(t.group_id) for t in batch])
+        groups = [t.group_id for t in batch]
         adv = torch.zeros(len(batch))
-        for g in groups.unique():
-            sel = groups == g
+        for g in set(groups):
+            sel = torch.tensor([x == g for x in groups])
             adv[sel] = (rewards[sel] - rewards[sel].mean()) / (rewards[sel].std() + 1e-6)
-        for i, t in enumerate(batch):
-            n = t.num_tokens
-            self.ids[i, :n] = torch.tensor(t.token_ids)
-            self.attn[i, :n] = 1
-            self.mask[i, : n - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
-            self.behav[i, : n - 1] = torch.tensor(t.behavior_logprobs[1:])
-        self.adv = adv[:, None]
+        rows: list[list[int]] = [[]]
+        for i, t in enumerate(batch):  # first fit in order
+            if rows[-1] and sum(batch[j].num_tokens for j in rows[-1]) + t.num_tokens > budget:
+                rows.append([])
+            rows[-1].append(i)
+        self.rows = []  # per row: ids [1, n], positions [1, n], scored index, targets, behaviour logprobs, advantages
+        for row in rows:
+            ids: list[int] = []
+            pos: list[int] = []
+            index: list[int] = []
+            targets: list[int] = []
+            behav: list[float] = []
+            adv_row: list[float] = []
+            for i in row:
+                t, off = batch[i], len(ids)
+                tok, mask, blp = (np.asarray(x).tolist() for x in (t.token_ids, t.loss_mask, t.behavior_logprobs))
+                scored = [j for j in range(t.num_tokens - 1) if mask[j + 1]]  # position j predicts j + 1
+                ids += tok
+                pos += range(t.num_tokens)
+                index += [off + j for j in scored]
+                targets += [tok[j + 1] for j in scored]
+                behav += [blp[j + 1] for j in scored]
+                adv_row += [float(adv[i])] * len(scored)
+            self.rows.append((torch.tensor(ids)[None], torch.tensor(pos)[None], torch.tensor(index),
+                              torch.tensor(targets), torch.tensor(behav), torch.tensor(adv_row)))
+        self.scored = sum(r[2].numel() for r in self.rows)
+        self._check_packing(batch, rows[0])
+
+    @torch.no_grad()
+    def _check_packing(self, batch: list[Trajectory], row: list[int]) -> None:
+        """The packed row's logprobs equal each trajectory's run alone (else tokens attended across trajectories
+        and the floor would do different work)."""
+        ids, pos, index, targets = self.rows[0][:4]
+        packed = self.model(ids, pos, index, targets).squeeze(-1)
+        alone = []
+        for i in row:
+            t = batch[i]
+            one = torch.tensor(np.asarray(t.token_ids).tolist())
+            scored = torch.tensor([j for j, m in enumerate(np.asarray(t.loss_mask)[1:].tolist()) if m])
+            alone.append(self.model(one[None], torch.arange(t.num_tokens)[None], scored, one[scored + 1]).squeeze(-1))
+        if not torch.allclose(packed, torch.cat(alone), atol=1e-4):
+            raise RuntimeError(f"packing changed the logprobs (max difference "
+                               f"{(packed - torch.cat(alone)).abs().max():.2e}): the attention is not block-diagonal")
 
     def step(self) -> float:
         self.opt.zero_grad(set_to_none=True)
-        logits = self.model(input_ids=self.ids, attention_mask=self.attn).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, self.ids[:, 1:, None]).squeeze(-1)
-        ratio = torch.exp(logp - self.behav)
-        pg = torch.max(-self.adv * ratio, -self.adv * ratio.clamp(0.8, 1.28))
-        loss = (pg * self.mask).sum() / self.mask.sum()
-        loss.backward()
+        total = 0.0
+        for ids, pos, index, targets, behav, adv in self.rows:
+            logp = self.model(ids, pos, index, targets).squeeze(-1)
+            ratio = torch.exp(logp - behav)
+            loss = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.28)).sum() / self.scored
+            loss.backward()
+            total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
-        return float(loss.detach())
+        return total
 
 
 def timed(fn) -> tuple[float, float]:  # type: ignore[no-untyped-def]
@@ -181,7 +238,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     ap.add_argument("--threads", type=int, default=1)  # 2 cores shared: 1 avoids OMP stalls
     ap.add_argument("--shape", choices=["random", "demo"], default="random")
     ap.add_argument("--groups", type=int, default=6)
@@ -192,7 +249,12 @@ def main() -> None:
     ap.add_argument("--logits-chunk-tokens", type=int, default=None)
     ap.add_argument("--activation-checkpointing", default="auto")  # the trainer's default
     ap.add_argument("--no-minimal", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help="a check that the script runs: the tiny model, 4 trajectories, 2 rounds (not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.batch, args.rounds = "tiny", 4, 2
+    env = environment(dtype="fp32", packages=("torch", "transformers"))
     torch.set_num_threads(args.threads)
     path = str(resolve_model(args.model))
     batch = make_batch(args.batch) if args.shape == "random" else make_demo_batch(args.groups, args.group_size)
@@ -223,49 +285,61 @@ def main() -> None:
         trainer.rl_step(batch, current_version=version)
         version += 1
 
-    trainer_step()  # warm-up (allocator, kernels, AdamW state)
+    trainer_step()  # warm-up (allocator, kernels, AdamW state) ...
+    trainer_step()  # ... twice: AdamW's state exists from the first step's end, so the second is the steady peak
     peak = peak_rss_gb()  # before the minimal loop's model exists: the trainer's own peak
-    minimal = None if args.no_minimal else MinimalLoop(path, batch, lr)
-    runs: dict[str, list[tuple[float, float]]] = {"trainer": []} if minimal is None else {"minimal": [], "trainer": []}
-    if minimal is not None:
-        minimal.step()
-    for r in range(args.rounds):  # ABBA order: neither side always runs first
-        order = ("minimal", "trainer") if r % 2 == 0 else ("trainer", "minimal")
-        for k in order:
-            if k in runs:
-                runs[k].append(timed(minimal.step if k == "minimal" else trainer_step))  # type: ignore[union-attr]
-    if minimal is None:
+    runs: dict[str, list[tuple[float, float]]]
+    cmp: Comparison[tuple[float, float]] | None = None
+    if args.no_minimal:
+        runs = {"trainer": [timed(trainer_step) for _ in range(args.rounds)]}
         peak = peak_rss_gb()  # the trainer alone in the process: its peak over every step
-    best = {k: min(w for w, _ in v) for k, v in runs.items()}  # least disturbed by other processes
+    else:
+        minimal = MinimalLoop(path, batch, lr, args.micro_batch_tokens)
+        minimal.step()  # its warm-up (the trainer's was above)
+        # alternating rounds: load from other processes hits both alike; ratio = minimal wall / trainer wall
+        cmp = interleaved(args.rounds, lambda: timed(minimal.step), lambda: timed(trainer_step),
+                          rate=lambda r: 1 / r[0], warmup=False)
+        runs = {"minimal": cmp.base, "trainer": cmp.ours}
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+    wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
     passes = 3 + (1 if args.kl_coef > 0 else 0)
     rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads))
     # per core-second of CPU time (a shared machine stretches wall time, not the work): threads x fastest CPU time
     core_s = min(c for _, c in runs["trainer"]) / args.threads
     mfu = step_flops(lm_cfg, batch, args.layout, passes) / core_s / rate
+    chunk = getattr(trainer.config, "logits_chunk_tokens", None)
+    checkpointing = getattr(trainer, "checkpointing", args.activation_checkpointing)
     print(
         f"model={args.model} world_size=1 dtype=fp32 threads={args.threads} trajectories={len(batch)} "
         f"tokens/step={tokens} layout={args.layout} kl_coef={args.kl_coef} micro_batch_tokens={args.micro_batch_tokens} "
-        f"logits_chunk_tokens={getattr(trainer.config, 'logits_chunk_tokens', None)} "
-        f"activation_checkpointing={getattr(trainer, 'checkpointing', args.activation_checkpointing)} "
-        f"matmul_gflops={rate / 1e9:.1f} cpu={cpu_model()}"
+        f"logits_chunk_tokens={chunk} activation_checkpointing={checkpointing} matmul_gflops={rate / 1e9:.1f}"
     )
+    if cmp is not None and (args.layout != "packed" or args.kl_coef > 0):
+        print("note: the minimal loop is packed without a KL term: against this trainer configuration it does less "
+              "work (compare with --layout packed --kl-coef 0)")
     for k, v in runs.items():
         print(f"{k:<8} per-round wall s: {[round(w, 2) for w, _ in v]}  cpu s: {[round(c, 2) for _, c in v]}")
-    print(f"{'loop':<22}{'best wall s':>12}{'tokens/s':>10}{'median cpu s':>14}{'tokens/cpu-s':>14}")
-    for k, name in (("minimal", "minimal FSDP2 loop"), ("trainer", "agentrl Trainer")):
+    print(f"{'loop':<28}{'median wall s':>14}{'tokens/s':>10}{'median cpu s':>14}{'tokens/cpu-s':>14}")
+    for k, name in (("minimal", "minimal FSDP2 loop (packed)"), ("trainer", "agentrl Trainer")):
         if k in runs:
-            print(f"{name:<22}{best[k]:>12.3f}{tokens / best[k]:>10.1f}{cpu[k]:>14.3f}{tokens / cpu[k]:>14.1f}")
-    tr_tps = tokens / best["trainer"]
-    min_tps = tokens / best["minimal"] if "minimal" in best else math.nan
-    ratio = cpu["minimal"] / cpu["trainer"] if "minimal" in cpu else math.nan
+            print(f"{name:<28}{wall[k]:>14.3f}{tokens / wall[k]:>10.1f}{cpu[k]:>14.3f}{tokens / cpu[k]:>14.1f}")
     trainer.close()
     dist.destroy_process_group()
-    print(
-        f"trainer_vs_minimal_ratio={tr_tps / min_tps:.3f} trainer_tokens_per_s={tr_tps:.1f} "
-        f"minimal_tokens_per_s={min_tps:.1f} cpu_time_ratio={ratio:.3f} trainer_step_s={best['trainer']:.2f} "
-        f"trainer_peak_rss_gb={peak:.2f} trainer_mfu={mfu:.3f} cpu={cpu_model()}"
-    )
+    figures: dict[str, Any] = {}
+    if cmp is not None:
+        cpu_cmp = Comparison(cmp.base, cmp.ours, [m[1] / t[1] for m, t in zip(cmp.base, cmp.ours)])
+        lo, hi = cmp.range
+        print(f"trainer vs the packed minimal loop (per-round wall-time ratios): median {cmp.median:.3f}, range "
+              f"{lo:.3f}-{hi:.3f} ({'parity within noise' if cmp.parity else 'outside the noise'}); CPU time: median "
+              f"{cpu_cmp.median:.3f}" + ("" if args.rounds >= MIN_ROUNDS else
+                                          f"; only {args.rounds} rounds: a check, not a figure to quote"))
+        figures.update({**cmp.fields("trainer_vs_minimal_ratio"), "trainer_vs_minimal_cpu_ratio": cpu_cmp.median,
+                        "trainer_vs_minimal_cpu_ratio_range": cpu_cmp.range,
+                        "minimal_tokens_per_s": tokens / wall["minimal"]})
+    figures.update({"trainer_tokens_per_s": tokens / wall["trainer"], "trainer_step_s": wall["trainer"],
+                    "trainer_peak_rss_gb": peak, "trainer_mfu": mfu, "model": args.model, "tokens": tokens,
+                    "layout": args.layout, "kl_coef": args.kl_coef, "threads": args.threads})
+    print(last_line(figures, env))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,200 @@
+"""What every benchmark's last line carries, and how a benchmark compares two paths (issue 24 item 6).
+
+A figure we can quote says where it was measured and is robust to a shared machine:
+
+- :func:`environment` — the footer: CPU model (short form), ``cores`` (this process's affinity) and ``nproc``,
+  the native bf16 flags (``amx_bf16`` / ``avx512_bf16``, from :mod:`agentrl.hardware`) and any ISA cap set in the
+  environment, ``dtype`` (where a model runs), the git commit (``-dirty`` with uncommitted changes to tracked
+  files), the 1-minute load average at the start and at the end (``load1_start``, ``load1_end``: a figure from a
+  busy machine says so), and the versions of the libraries the benchmark exercises (``torch``, ``sglang``,
+  ``transformers``, ``redis`` = redis-py…).
+- :func:`interleaved` / :func:`ainterleaved` — the floor ``base`` and ``ours`` run alternately (``base, ours``
+  in even rounds, ``ours, base`` in odd ones, so load that drifts favours neither) after one untimed warm-up of
+  each; the result is the **median of the per-round ratios** ``rate(ours) / rate(base)`` and its range
+  (min, max). A ratio whose range contains 1 is **parity**: the difference is inside the round-to-round noise.
+  :data:`MIN_ROUNDS` (7) rounds are what a quoted figure needs; quick runs may use fewer and say so
+  (``rounds=`` is on the line).
+- :func:`start_pinned` — servers on the first CPU, the client (this process) on the others.
+- :func:`last_line` — ``name=value`` pairs; floats with a precision that fits their size, ranges as ``lo-hi``,
+  spaces in text replaced by ``_`` so that ``line.split()`` then ``split("=", 1)`` reads it back.
+
+Written here rather than with a library: pyperf/pytest-benchmark time one callable at a time and have no notion
+of a floor run alternately against ours; the whole module is the ratio arithmetic and a footer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import math
+import os
+import re
+import statistics
+import subprocess
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from agentrl.hardware import BF16_FLAGS, ISA_ENV, cpu_info
+
+T = TypeVar("T")
+MIN_ROUNDS = 7  # rounds a quoted ratio needs (fewer: a quick check, not a result)
+_NOISE = re.compile(r"\((R|TM|tm|r)\)|\bCPU\b|\bProcessor\b|@.*$|\b\d+-Core\b")
+
+
+def short_cpu(model: str) -> str:
+    """``Intel(R) Xeon(R) Platinum 8488C`` → ``Intel_Xeon_Platinum_8488C``; ``AMD EPYC 9R14 96-Core Processor`` →
+    ``AMD_EPYC_9R14``."""
+    return "_".join(_NOISE.sub(" ", model).split()) or "unknown"
+
+
+def git_commit(where: Path = Path(__file__).parent) -> str:
+    """Short hash of HEAD, ``-dirty`` when tracked files differ from it; ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=where).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=where).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}-dirty" if head and dirty else head or "unknown"
+
+
+def versions(packages: Sequence[str]) -> dict[str, str]:
+    """Installed distribution versions (``absent`` when not installed in this interpreter)."""
+    out = {}
+    for name in packages:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def environment(*, dtype: str | None = None, packages: Sequence[str] = ("torch",)) -> dict[str, Any]:
+    """The footer's fields (see the module docstring). Call it before pinning the process to fewer CPUs:
+    ``cores`` is the affinity at the call."""
+    model, flags = cpu_info()
+    env: dict[str, Any] = {"cpu": short_cpu(model), "cores": len(os.sched_getaffinity(0)),
+                           "nproc": os.cpu_count() or 0,
+                           "bf16": "+".join(f for f in BF16_FLAGS if f in flags) or "none"}
+    caps = [f"{k}={os.environ[k]}" for k in ISA_ENV if k in os.environ]
+    if caps:
+        env["isa_cap"] = ",".join(caps)
+    if dtype is not None:
+        env["dtype"] = dtype
+    env["commit"] = git_commit()
+    env["load1_start"] = os.getloadavg()[0]
+    env.update(versions(packages))
+    return env
+
+
+async def start_pinned(*starts: Callable[[], T]) -> tuple[list[T], str]:
+    """Run each ``start`` (which starts a server process) with every thread of this process on the first CPU of
+    its affinity, so the servers and their children inherit that CPU, then move this process (the client) to the
+    other CPUs: the client's work then does not compete with the servers'. Returns the ``start`` results and a
+    description for the report (``server:0,client:1``); on one CPU all share it."""
+    from agentrl.launcher.resources import pin_to_cores  # here: it imports the tokenizer (transformers)
+
+    cpus = sorted(os.sched_getaffinity(0))
+    server, client = cpus[:1], cpus[1:] or cpus
+    pin_to_cores(server)
+    try:
+        results = [await asyncio.to_thread(start) for start in starts]
+    finally:
+        pin_to_cores(client)
+    return results, f"server:{','.join(map(str, server))},client:{','.join(map(str, client))}"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison(Generic[T]):
+    """Rounds of two paths run alternately: each side's results and the per-round ratios ours / base."""
+
+    base: list[T]
+    ours: list[T]
+    ratios: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def range(self) -> tuple[float, float]:
+        return min(self.ratios), max(self.ratios)
+
+    @property
+    def parity(self) -> bool:
+        """The range contains 1: no difference beyond the round-to-round noise."""
+        lo, hi = self.range
+        return lo <= 1.0 <= hi
+
+    def fields(self, name: str) -> dict[str, Any]:
+        """``name`` (the median), ``name_range`` and ``rounds`` for :func:`last_line`."""
+        return {name: self.median, f"{name}_range": self.range, "rounds": len(self.ratios)}
+
+
+def _check(rounds: int) -> None:
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: expected at least 1 ({MIN_ROUNDS} for a figure to quote)")
+
+
+def interleaved(rounds: int, base: Callable[[], T], ours: Callable[[], T], *,
+                rate: Callable[[T], float] = float, warmup: bool = True) -> Comparison[T]:  # type: ignore[assignment]
+    """Run ``base`` and ``ours`` alternately for ``rounds`` rounds after an untimed warm-up of each; ``rate``
+    turns a result into a rate where higher is better (tokens/s: a result that is seconds needs ``lambda s: 1/s``)."""
+    _check(rounds)
+    if warmup:
+        base()
+        ours()
+    b: list[T] = []
+    o: list[T] = []
+    for r in range(rounds):
+        for fn, out in ((base, b), (ours, o)) if r % 2 == 0 else ((ours, o), (base, b)):
+            out.append(fn())
+    return Comparison(b, o, [rate(y) / rate(x) for x, y in zip(b, o)])
+
+
+async def ainterleaved(rounds: int, base: Callable[[], Awaitable[T]], ours: Callable[[], Awaitable[T]], *,
+                       rate: Callable[[T], float] = float,  # type: ignore[assignment]
+                       warmup: Callable[[], Awaitable[Any]] | None = None) -> Comparison[T]:
+    """:func:`interleaved` for coroutines. ``warmup`` (default: one run of each side) replaces the warm-up when
+    a smaller one does (e.g. a few requests to load kernels and fill caches)."""
+    _check(rounds)
+    if warmup is None:
+        await base()
+        await ours()
+    else:
+        await warmup()
+    b: list[T] = []
+    o: list[T] = []
+    for r in range(rounds):
+        for fn, out in ((base, b), (ours, o)) if r % 2 == 0 else ((ours, o), (base, b)):
+            out.append(await fn())
+    return Comparison(b, o, [rate(y) / rate(x) for x, y in zip(b, o)])
+
+
+def fmt(value: Any) -> str:
+    """One value of a last line: floats by size (1234 → ``1234``, 56.78 → ``56.8``, 0.9861 → ``0.986``, 0.0431 →
+    ``0.0431``), a (lo, hi) pair as ``lo-hi``, text without spaces."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return f"{fmt(value[0])}-{fmt(value[1])}"
+    if isinstance(value, int):  # bool too
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        size = abs(value)
+        if size >= 1000:
+            return f"{value:.0f}"
+        if size >= 10:
+            return f"{value:.1f}"
+        if size >= 0.1 or size == 0:
+            return f"{value:.3f}"
+        return f"{value:.3g}"
+    return "_".join(str(value).split()) or "-"
+
+
+def last_line(figures: Mapping[str, Any], env: Mapping[str, Any]) -> str:
+    """``name=value`` pairs: the benchmark's figures, then the environment footer and ``load1_end`` (now)."""
+    return " ".join(f"{k}={fmt(v)}" for k, v in {**figures, **env, "load1_end": os.getloadavg()[0]}.items())
