@@ -68,3 +68,19 @@ def sglang_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactor
 def sglang_url(sglang_server: Any) -> str:
     """URL of the session's SGLang server."""
     return str(sglang_server.url)
+
+
+@pytest.fixture(scope="module")
+def shared_server(sglang_url: str, tiny_model_path: Path) -> Iterator[str]:
+    """The session's SGLang server for whole training runs (``engine.url``): they load their own weights into it,
+    so the base weights are put back after the module."""
+    yield sglang_url
+    import asyncio
+
+    from agentrl.engine.client import SGLangClient
+
+    async def restore() -> None:
+        async with SGLangClient(sglang_url) as client:
+            await client.update_weights(str(tiny_model_path), 0)
+
+    asyncio.run(restore())

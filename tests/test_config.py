@@ -31,6 +31,22 @@ def test_example_configs_validate():
         load_config(path)
 
 
+@pytest.mark.parametrize("name", ["code_rl_cpu", "code_rl_gpu"])
+def test_code_rl_recipes_load_and_their_environment_builds(name):
+    """The code-RL recipes (the GPU one is not run here): the config loads, the code_tests environment takes its
+    options, the sandbox section builds (nothing starts until first use)."""
+    from agentrl.env.registry import EnvResources, default_registry
+
+    cfg = load_config(ROOT / "examples" / f"{name}.yaml")
+    assert cfg.env.name == "code_tests" and cfg.data.answer_key is None and cfg.rollout.budget.max_turns == 1
+    env = default_registry.make_env(cfg.env.name, EnvResources(sandbox=object()), **cfg.env.options)
+    assert env.reward.tests_of  # built: every option was a constructor argument
+    if name == "code_rl_cpu":
+        assert (ROOT / cfg.data.train).is_file() and cfg.sandbox.backend == "local"
+    else:  # sandbox servers on CPU hosts, not the GPU node's own
+        assert cfg.sandbox.backend == "remote" and cfg.sandbox.url
+
+
 def test_bad_configs_say_what_is_wrong(tmp_path):
     with pytest.raises(ConfigError, match="n_samples"):
         load_config(None, ["rollout.n_samples=0"])

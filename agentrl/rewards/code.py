@@ -183,8 +183,9 @@ class CodeTestsReward:
         value: Any = task.metadata
         for part in self._tests_key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        if value is None and any(k in task.metadata for k in _LCB_KEYS):
-            value = task.metadata
+        # a column a row leaves null counts as absent: a dataset mixing formats has every column in every row
+        if value is None and any(task.metadata.get(k) is not None for k in _LCB_KEYS):
+            value = {k: v for k, v in task.metadata.items() if k in (*_LCB_KEYS, "metadata") and v is not None}
         if value is None and isinstance(task.metadata.get("reward_model"), dict):
             value = task.metadata["reward_model"].get("ground_truth")
         if value is None:

@@ -96,3 +96,20 @@ async def test_a_cpp_environment_on_livecodebench_rows(env_resources):
     assert result.ok and result.score == 1.0 and result.details["language"] == "cpp", result
     with pytest.raises(ConfigError, match="needs tests"):
         await env.reset(Task(id="none", prompt="?"))
+
+
+async def test_the_prompt_asks_for_each_tasks_language(env_resources):
+    """No language option: a task's metadata['language'] picks the language its prompt asks for (a dataset may mix
+    Python and C++ problems); a system prompt given as an option is kept for every task."""
+    env = default_registry.make_env("code_tests", env_resources)
+    cpp = await env.reset(Task(id="c", prompt="Sum.", metadata={"tests": TESTS, "language": "cpp"}))
+    assert "C++" in cpp[0]["content"] and "```cpp" in cpp[0]["content"] and "Python" not in cpp[0]["content"]
+    js = await env.reset(Task(id="j", prompt="Sum.", metadata={"tests": TESTS, "language": "nodejs"}))
+    assert "JavaScript" in js[0]["content"] and "```javascript" in js[0]["content"]
+    py = await env.reset(TASK)
+    assert "```python" in py[0]["content"]
+    own = default_registry.make_env("code_tests", env_resources, system_prompt="Be brief.")
+    assert (await own.reset(Task(id="c", prompt="Sum.", metadata={"tests": TESTS, "language": "cpp"})))[0] == \
+        {"role": "system", "content": "Be brief."}
+    with pytest.raises(ConfigError, match="cobol"):
+        await env.reset(Task(id="x", prompt="?", metadata={"tests": TESTS, "language": "cobol"}))

@@ -236,3 +236,19 @@ def test_comparison_modes(got: str, expected: str, mode: str, match: bool) -> No
 ])
 def test_return_values_compare_as_json(got: object, expected: object, match: bool) -> None:
     assert returns_match(got, expected) is match
+
+
+def test_a_dataset_mixing_formats_finds_each_rows_tests(local_sandbox: object) -> None:
+    """A jsonl mixing TACO and LiveCodeBench rows has every column in every row, null where a row has none: a null
+    column counts as absent (TACO's `input_output` by tests_key, then LiveCodeBench's columns, then verl's)."""
+    lcb = {"public_test_cases": json.dumps([{"input": "2 3\n", "output": "5\n", "testtype": "stdin"}]),
+           "private_test_cases": None, "metadata": "{}"}
+    taco = {"input_output": json.dumps(CASES)}
+    verl = {"reward_model": {"ground_truth": json.dumps(CASES)}}
+    nulls = dict.fromkeys(["input_output", "public_test_cases", "private_test_cases", "metadata", "reward_model"])
+    reward = CodeTestsReward(local_sandbox, tests_key="input_output")  # type: ignore[arg-type]
+    assert len(reward.tests_of(task({**nulls, **taco}))) == 4
+    assert reward.tests_of(task({**nulls, **lcb})) == parse_tests(lcb)
+    assert len(reward.tests_of(task({**nulls, **verl}))) == 4
+    with pytest.raises(ConfigError, match="no metadata\\['input_output'\\]"):
+        reward.tests_of(task(nulls))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 import sandbox_fusion
-from language_programs import COMPILED, PROGRAMS, language_param
+from language_programs import COMPILED, PROGRAMS, REQUIRED, language_param
 from sandbox_fusion import RunCodeRequest, RunCodeResponse
 from sandbox_support import ServerHandle, require_docker
 
@@ -45,6 +45,9 @@ class Served:
         """Skip when the Docker image lacks the language's toolchain (the host's is checked by LANGS)."""
         lang = LANGUAGE_TABLE[language]
         if self.image_tools is not None and not set(lang.tools) <= self.image_tools:
+            if language in REQUIRED:
+                pytest.fail(f"the Docker image has no {language} toolchain: rebuild it with "
+                            "scripts/build_sandbox_image.sh (its default image has g++ and nodejs)")
             pytest.skip(f"the Docker image has no {language} toolchain (build it with "
                         f"AGENTRL_SANDBOX_PACKAGES={lang.package} scripts/build_sandbox_image.sh)")
 
