@@ -22,9 +22,16 @@ divided by the thread count (the machine is shared: other processes stretch wall
 the fp32 matmul rate of this process measured in the same run with the same thread count, before and after the
 rounds, by CPU time too (``[2048, hidden] x [hidden, intermediate]``, the shape of a decoder MLP).
 
+``--lora`` trains LoRA adapters instead of the full model (``trainer.lora``: ``--lora-r``, alpha 2r, every linear
+of the decoder; the reference is then the policy with its adapters off, no second model): compare its
+``trainer_peak_rss_gb`` and ``trainer_step_s`` with the same command without it. Its ``trainer_mfu`` counts 2 passes, not 3, for a
+step's forward and backward (the frozen base gets no weight gradients: forward + input gradients; the adapters' own
+FLOPs are left out).
+
 Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 4] [--threads 1]``
 Last line: ``trainer_vs_minimal_ratio=… trainer_tokens_per_s=… minimal_tokens_per_s=… cpu_time_ratio=…
-trainer_peak_rss_gb=… trainer_mfu=… cpu=…``.
+trainer_step_s=… trainer_peak_rss_gb=… trainer_mfu=… trainer_cpu_s=… lora=0|1 cpu=…`` (``trainer_cpu_s``: the
+median process CPU seconds of a trainer step).
 """
 
 from __future__ import annotations
@@ -192,6 +199,8 @@ def main() -> None:
     ap.add_argument("--logits-chunk-tokens", type=int, default=None)
     ap.add_argument("--activation-checkpointing", default="auto")  # the trainer's default
     ap.add_argument("--no-minimal", action="store_true")
+    ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--lora-r", type=int, default=16)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = str(resolve_model(args.model))
@@ -202,6 +211,8 @@ def main() -> None:
     extra: dict[str, Any] = {"activation_checkpointing": args.activation_checkpointing}
     if args.logits_chunk_tokens is not None:
         extra["logits_chunk_tokens"] = args.logits_chunk_tokens
+    if args.lora:
+        extra["lora"] = {"r": args.lora_r, "alpha": 2.0 * args.lora_r}
     cfg = TrainerConfig.model_validate(
         {
             "model": path,
@@ -238,7 +249,7 @@ def main() -> None:
         peak = peak_rss_gb()  # the trainer alone in the process: its peak over every step
     best = {k: min(w for w, _ in v) for k, v in runs.items()}  # least disturbed by other processes
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
-    passes = 3 + (1 if args.kl_coef > 0 else 0)
+    passes = (2 if args.lora else 3) + (1 if args.kl_coef > 0 else 0)  # LoRA: no weight gradients of the base
     rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads))
     # per core-second of CPU time (a shared machine stretches wall time, not the work): threads x fastest CPU time
     core_s = min(c for _, c in runs["trainer"]) / args.threads
@@ -246,6 +257,7 @@ def main() -> None:
     print(
         f"model={args.model} world_size=1 dtype=fp32 threads={args.threads} trajectories={len(batch)} "
         f"tokens/step={tokens} layout={args.layout} kl_coef={args.kl_coef} micro_batch_tokens={args.micro_batch_tokens} "
+        f"lora_r={args.lora_r if args.lora else None} "
         f"logits_chunk_tokens={getattr(trainer.config, 'logits_chunk_tokens', None)} "
         f"activation_checkpointing={getattr(trainer, 'checkpointing', args.activation_checkpointing)} "
         f"matmul_gflops={rate / 1e9:.1f} cpu={cpu_model()}"
@@ -264,7 +276,8 @@ def main() -> None:
     print(
         f"trainer_vs_minimal_ratio={tr_tps / min_tps:.3f} trainer_tokens_per_s={tr_tps:.1f} "
         f"minimal_tokens_per_s={min_tps:.1f} cpu_time_ratio={ratio:.3f} trainer_step_s={best['trainer']:.2f} "
-        f"trainer_peak_rss_gb={peak:.2f} trainer_mfu={mfu:.3f} cpu={cpu_model()}"
+        f"trainer_peak_rss_gb={peak:.2f} trainer_mfu={mfu:.3f} trainer_cpu_s={cpu['trainer']:.2f} "
+        f"lora={int(args.lora)} cpu={cpu_model()}"
     )
 
 
