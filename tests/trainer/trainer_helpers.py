@@ -111,10 +111,11 @@ def run_steps(rank: int, world: int, port: int, cfg_json: str, steps: int, out: 
     with Trainer(TrainerConfig.model_validate_json(cfg_json)) as tr:
         metrics = [tr.rl_step(random_batch(s, version=s), current_version=s).as_dict() for s in range(steps)]
         lp = tr.logprobs(random_batch(100))
+        published = tr.full_state_dict()  # collective: gathered (and with LoRA merged) on rank 0
         if rank == 0:
-            Path(out).write_text(
-                json.dumps({"metrics": metrics, "logprobs": [x.tolist() for x in lp], "world": tr.world_size})
-            )
+            sums = {k: float(v.double().sum()) for k, v in published.items()}
+            Path(out).write_text(json.dumps({"metrics": metrics, "logprobs": [x.tolist() for x in lp],
+                                             "world": tr.world_size, "published": sums}))
 
 
 def run_with_checkpoint(cfg_json: str, ckpt: str, out: str, mode: str, port: int) -> None:
