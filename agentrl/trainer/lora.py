@@ -51,8 +51,9 @@ def apply_lora(lm: PreTrainedModel, layers: list[nn.Module], cfg: LoraConfig) ->
         )
     # qualified names, matched exactly by peft: only the decoder's linears (not a vision tower's q_proj, not lm_head)
     targets = [q for n in wanted for q in linears[n]]
-    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
-                              bias="none", use_rslora=False, init_lora_weights=True)
+    # lora_alpha is annotated int in peft but used as lora_alpha / r: a float alpha gives that scaling exactly
+    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,  # type: ignore[arg-type]
+                              target_modules=targets, bias="none", use_rslora=False, init_lora_weights=True)
     return get_peft_model(lm, peft_cfg, adapter_name=ADAPTER)
 
 
