@@ -29,10 +29,16 @@ divided by the thread count (the machine is shared: other processes stretch wall
 the fp32 matmul rate of this process measured in the same run with the same thread count, before and after the
 rounds, by CPU time too (``[2048, hidden] x [hidden, intermediate]``, the shape of a decoder MLP).
 
+``--lora`` trains LoRA adapters instead of the full model (``trainer.lora``: ``--lora-r``, alpha 2r, every linear
+of the decoder; the reference is then the policy with its adapters off, no second model): compare its
+``trainer_peak_rss_gb`` and ``trainer_step_s`` with the same command without it. Its ``trainer_mfu`` counts 2
+passes, not 3, for a step's forward and backward (the frozen base gets no weight gradients: forward + input
+gradients; the adapters' own FLOPs are left out).
+
 Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 7] [--threads 1]
-[--quick]``. Last line: ``trainer_vs_minimal_ratio=… trainer_vs_minimal_ratio_range=… rounds=…
+[--quick] [--lora [--lora-r 16]]``. Last line: ``trainer_vs_minimal_ratio=… trainer_vs_minimal_ratio_range=… rounds=…
 trainer_vs_minimal_cpu_ratio=… minimal_tokens_per_s=… trainer_tokens_per_s=… trainer_step_s=…
-trainer_peak_rss_gb=… trainer_mfu=… … cpu=… cores=… dtype=fp32 commit=… torch=… transformers=…``
+trainer_peak_rss_gb=… trainer_mfu=… trainer_cpu_s=… lora=0|1 … cpu=… cores=… dtype=fp32 commit=… torch=… transformers=…``
 (benchmarks/_common.py).
 """
 
@@ -251,6 +257,8 @@ def main() -> None:
     ap.add_argument("--no-minimal", action="store_true")
     ap.add_argument("--quick", action="store_true",
                     help="a check that the script runs: the tiny model, 4 trajectories, 2 rounds (not a figure)")
+    ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--lora-r", type=int, default=16)
     args = ap.parse_args()
     if args.quick:
         args.model, args.batch, args.rounds = "tiny", 4, 2
@@ -264,6 +272,8 @@ def main() -> None:
     extra: dict[str, Any] = {"activation_checkpointing": args.activation_checkpointing}
     if args.logits_chunk_tokens is not None:
         extra["logits_chunk_tokens"] = args.logits_chunk_tokens
+    if args.lora:
+        extra["lora"] = {"r": args.lora_r, "alpha": 2.0 * args.lora_r}
     cfg = TrainerConfig.model_validate(
         {
             "model": path,
@@ -302,7 +312,7 @@ def main() -> None:
         runs = {"minimal": cmp.base, "trainer": cmp.ours}
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
     wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
-    passes = 3 + (1 if args.kl_coef > 0 else 0)
+    passes = (2 if args.lora else 3) + (1 if args.kl_coef > 0 else 0)  # LoRA: no weight gradients of the base
     rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads))
     # per core-second of CPU time (a shared machine stretches wall time, not the work): threads x fastest CPU time
     core_s = min(c for _, c in runs["trainer"]) / args.threads
@@ -312,6 +322,7 @@ def main() -> None:
     print(
         f"model={args.model} world_size=1 dtype=fp32 threads={args.threads} trajectories={len(batch)} "
         f"tokens/step={tokens} layout={args.layout} kl_coef={args.kl_coef} micro_batch_tokens={args.micro_batch_tokens} "
+        f"lora_r={args.lora_r if args.lora else None} "
         f"logits_chunk_tokens={chunk} activation_checkpointing={checkpointing} matmul_gflops={rate / 1e9:.1f}"
     )
     if cmp is not None and (args.layout != "packed" or args.kl_coef > 0):
@@ -337,7 +348,8 @@ def main() -> None:
                         "trainer_vs_minimal_cpu_ratio_range": cpu_cmp.range,
                         "minimal_tokens_per_s": tokens / wall["minimal"]})
     figures.update({"trainer_tokens_per_s": tokens / wall["trainer"], "trainer_step_s": wall["trainer"],
-                    "trainer_peak_rss_gb": peak, "trainer_mfu": mfu, "model": args.model, "tokens": tokens,
+                    "trainer_peak_rss_gb": peak, "trainer_mfu": mfu,
+                    "trainer_cpu_s": cpu["trainer"], "lora": int(args.lora), "model": args.model, "tokens": tokens,
                     "layout": args.layout, "kl_coef": args.kl_coef, "threads": args.threads})
     print(last_line(figures, env))
 

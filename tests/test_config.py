@@ -13,7 +13,7 @@ from agentrl.launcher import recipes
 from agentrl.launcher.config import EngineSection, GatewaySection, RolloutSection, load_config, save_config
 from agentrl.rewards import RewardsConfig
 from agentrl.sandbox import SandboxConfig
-from agentrl.trainer import LossConfig, OptimizerConfig, TrainerSettings
+from agentrl.trainer import LoraConfig, LossConfig, OptimizerConfig, TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,18 +191,20 @@ TRAINER_OTHER = {"ref_model": "/models/ref", "layout": "padded", "dtype": "bf16"
                  "device": "cpu", "num_threads": 2, "logits_chunk_tokens": 256, "betas": [0.8, 0.9],
                  "schedule": "cosine", "total_steps": 10, "grad_clip": 0.5, "advantage": "rloo",
                  "loss_agg": "seq_mean_token_mean", "token_sum_norm": None, "correction": "tis", "proximal": "current",
-                 "decoupled_weight_cap": 3.0, "kl_estimator": "k1", "max_staleness": 2, "stale_policy": "downweight"}
+                 "decoupled_weight_cap": 3.0, "kl_estimator": "k1", "max_staleness": 2, "stale_policy": "downweight",
+                 "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
 
 
-@pytest.mark.parametrize("part", ["", "optimizer.", "loss."])
+@pytest.mark.parametrize("part", ["", "optimizer.", "loss.", "lora."])
 def test_every_trainer_knob_is_set_from_yaml(part):
-    """Every field of the trainer's settings (and of its optimizer and loss sections) is a `trainer:` key, and
+    """Every field of the trainer's settings (and of its optimizer, loss and lora sections) is a `trainer:` key, and
     setting it reaches the TrainerConfig the trainer ranks are built from."""
-    owner = {"": TrainerSettings, "optimizer.": OptimizerConfig, "loss.": LossConfig}[part]
+    owner = {"": TrainerSettings, "optimizer.": OptimizerConfig, "loss.": LossConfig, "lora.": LoraConfig}[part]
     # cosine needs total_steps; the trainer's temperature must be the rollout's
     extra = {"optimizer.": ["trainer.optimizer.total_steps=10"], "loss.": ["rollout.temperature=0.5"]}.get(part, [])
     for name, default in _field_defaults(owner).items():
-        if isinstance(default, OptimizerConfig | LossConfig) or (part, name) == ("loss.", "token_sum_norm"):
+        if isinstance(default, OptimizerConfig | LossConfig) or (part, name) in {("loss.", "token_sum_norm"),
+                                                                                  ("", "lora")}:
             continue  # sections (their own fields are checked) / valid only with loss_agg seq_mean_token_sum
         value = TRAINER_OTHER[name] if name in TRAINER_OTHER else _other(name, default)
         cfg = load_config(None, [f"trainer.{part}{name}={_yaml(value)}", *extra]).trainer.for_model("m")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         prepare_rl,
         prepare_sft,
     )
-    from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig, TrainerSettings
+    from agentrl.trainer.config import LoraConfig, LossConfig, OptimizerConfig, TrainerConfig, TrainerSettings
     from agentrl.trainer.engine import Trainer, broadcast_object, process_group
     from agentrl.trainer.storage import latest_checkpoint
 
@@ -30,12 +30,13 @@ _HOME = {
     **dict.fromkeys(["SFTMetrics", "StepMetrics", "TokenTrace", "Trace"], "base"),
     **dict.fromkeys(["MicroBatch", "PreparedBatch", "SeqSample", "plan_micro_batches", "prepare_rl", "prepare_sft"],
                     "collate"),
-    **dict.fromkeys(["LossConfig", "OptimizerConfig", "TrainerConfig", "TrainerSettings"], "config"),
+    **dict.fromkeys(["LoraConfig", "LossConfig", "OptimizerConfig", "TrainerConfig", "TrainerSettings"], "config"),
     **dict.fromkeys(["Trainer", "broadcast_object", "process_group"], "engine"),
     **dict.fromkeys(["latest_checkpoint"], "storage"),
 }
 
 __all__ = [
+    "LoraConfig",
     "LossConfig",
     "MicroBatch",
     "OptimizerConfig",

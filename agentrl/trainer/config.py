@@ -109,12 +109,44 @@ class LossConfig(_Strict):
         return self.correction != "none" and self.proximal == "recompute"
 
 
+class LoraConfig(_Strict):
+    """LoRA adapters (peft) on linear layers of the decoder; the base weights stay frozen and only the adapters
+    train (and sit in the optimiser and in checkpoints).
+
+    Each targeted linear ``y = W x`` becomes ``y = W x + (alpha / r) * B A dropout(x)`` with ``A`` ``[r, in]``
+    (random) and ``B`` ``[out, r]`` (zeros: training starts from the base model exactly). Published weights are
+    merged, ``W + (alpha / r) * B A``, under the base model's names. ``target_modules``: leaf names of linear
+    layers inside the decoder layers (``q_proj``, ``down_proj``, ...), or ``all-linear`` for every one of them.
+    ``dropout`` applies in the training forward only; scoring passes (proximal, reference, logprobs) run without.
+    """
+
+    r: int = Field(default=16, ge=1)
+    alpha: float = Field(default=32.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: Literal["all-linear"] | tuple[str, ...] = "all-linear"
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraConfig:
+        if isinstance(self.target_modules, tuple):
+            if not self.target_modules:
+                raise ValueError("target_modules is empty: name linear layers (e.g. [q_proj, v_proj]) or 'all-linear'")
+            if len(set(self.target_modules)) != len(self.target_modules):
+                raise ValueError(f"target_modules names a layer twice: {list(self.target_modules)}")
+        return self
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+
 class TrainerSettings(_Strict):
     """Everything a trainer needs besides the weights it starts from: precision, batching, optimiser and objective
     (a run's ``trainer:`` section; the run's top-level ``model`` names the weights). ``ref_model`` (default: the
-    model) is the frozen reference policy, loaded only when ``loss.kl_coef > 0``."""
+    model) is the frozen reference policy, used only when ``loss.kl_coef > 0``: with ``lora`` and no other
+    ``ref_model`` it is the policy with its adapters switched off (no second copy of the model)."""
 
     ref_model: str | None = None
+    lora: LoraConfig | None = None  # None: full fine-tuning
     optimizer: OptimizerConfig = OptimizerConfig()  # frozen: sharing the default instance is safe
     loss: LossConfig = LossConfig()
     # budget of one micro-batch, padding included; decoder activations grow with it (SmolLM2-135M: 1.34 MB a token

@@ -108,10 +108,13 @@ class Trainer:
                 trainable=True,
                 activation_checkpointing=self._checkpointing_rule(),
                 logits_chunk_tokens=config.logits_chunk_tokens,
+                lora=config.lora,
             )
+            # kl_coef 0: no reference pass; LoRA with the model itself as reference: the policy, adapters off
+            ref_path = Path(config.ref_model or config.model)
+            self._ref_is_base = config.loss.kl_coef > 0 and config.lora is not None and ref_path == self._source
             self._ref: ScoredLM | None = None
-            if config.loss.kl_coef > 0:  # kl_coef 0: no reference model and no reference pass
-                ref_path = Path(config.ref_model or config.model)
+            if config.loss.kl_coef > 0 and not self._ref_is_base:
                 self._ref, _ = build_policy(ref_path, self._dist, dtype=self.precision.dtype, trainable=False,
                                             logits_chunk_tokens=config.logits_chunk_tokens)
             # HF's layers recompute themselves when their flag is set (in training mode): auto flips it per micro-batch
@@ -173,6 +176,11 @@ class Trainer:
     def world_size(self) -> int:
         return self._dist.world_size
 
+    @property
+    def has_reference(self) -> bool:
+        """Whether steps compute the reference policy's logprobs (for the KL term)."""
+        return self._ref is not None or self._ref_is_base
+
     # ---- steps -------------------------------------------------------------------------------------------
 
     def rl_step(self, trajectories: Sequence[Trajectory], *, current_version: int) -> StepMetrics:
@@ -190,7 +198,7 @@ class Trainer:
             if cfg.needs_proximal_pass and len(plans) > 1
             else None
         )
-        ref = [[self._logprobs(self._ref, mb) for mb in plan] for plan in plans] if self._ref else None
+        ref = [[self._ref_logprobs(mb) for mb in plan] for plan in plans] if self.has_reference else None
         entropy: EntropyMode = "grad" if cfg.entropy_coef > 0 else "metric"
         sums, maxes, norms, skipped = [], [], [], not plans
         for i, plan in enumerate(plans):
@@ -361,9 +369,20 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _logprobs(self, module: ScoredLM | None, mb: MicroBatch) -> Tensor:
-        assert module is not None
-        return self._forward(module, mb, "none")[0]
+    def _logprobs(self, module: ScoredLM, mb: MicroBatch) -> Tensor:
+        """A scoring pass: no gradients, no dropout (LoRA's, the model's), then back to the module's mode."""
+        training = module.training
+        module.train(False)
+        try:
+            return self._forward(module, mb, "none")[0]
+        finally:
+            module.train(training)
+
+    def _ref_logprobs(self, mb: MicroBatch) -> Tensor:
+        if self._ref is not None:
+            return self._logprobs(self._ref, mb)
+        with self._policy.adapters_disabled():
+            return self._logprobs(self._policy, mb)
 
     def _update(self, plan: list[MicroBatch], loss_fn: LossFn) -> tuple[Tensor, Tensor, float, bool]:
         """Accumulate gradients over ``plan``, clip, step; return reduced (sums, maxima), norm, applied."""
@@ -422,7 +441,7 @@ class Trainer:
             grad_norm=sum(norms) / max(n, 1),
             lr=self._lr(),
             clip_frac=float(clipped) * per,
-            kl=float(kl_sum) * per if self._ref is not None else None,
+            kl=float(kl_sum) * per if self.has_reference else None,
             entropy=float(ent_sum) * per,
             is_weight_mean=float(w_sum) * per,
             is_weight_min=-float(mx[1]) if tokens else math.nan,

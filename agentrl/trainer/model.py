@@ -18,9 +18,10 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.distributed as dist
@@ -31,8 +32,11 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.errors import ConfigError, TrainerError
-from agentrl.trainer.config import OptimizerConfig
+from agentrl.trainer.config import LoraConfig, OptimizerConfig
 from agentrl.trainer.objectives import entropy_from_logits, token_logprobs
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +84,18 @@ class ScoredLM(nn.Module):
     """``forward`` returns the logprob of each target at its scored position (and optionally the entropy).
 
     ``logits_chunk_tokens``: scored positions per head + log-softmax chunk (None: all at once); see the module doc.
+    ``lora``: the adapters' settings when ``lm`` carries peft's LoRA layers (``peft`` is peft's wrapper of ``lm``).
     """
 
-    def __init__(self, lm: PreTrainedModel, logits_chunk_tokens: int | None = None) -> None:
+    def __init__(self, lm: PreTrainedModel, logits_chunk_tokens: int | None = None, *,
+                 lora: LoraConfig | None = None, peft: PeftModel | None = None) -> None:
         super().__init__()
         self.lm = lm
         self.logits_chunk_tokens = logits_chunk_tokens
+        self.lora = lora
+        # peft's wrapper holds ``lm`` too: kept out of the module tree (a plain attribute) so that FSDP and the
+        # state dict see each parameter once, under ``lm``
+        self.__dict__["_peft"] = peft
         text_cfg = lm.config.get_text_config()
         self._softcap: float | None = getattr(text_cfg, "final_logit_softcapping", None)
 
@@ -116,6 +126,11 @@ class ScoredLM(nn.Module):
         logp = torch.cat([p[0] for p in parts])
         ents = [p[1] for p in parts]
         return logp, torch.cat(ents) if ents[0] is not None else None  # type: ignore[arg-type]
+
+    def adapters_disabled(self) -> AbstractContextManager[None]:
+        """Inside: the base model's outputs, LoRA adapters off (peft's ``disable_adapter``); a no-op without LoRA."""
+        peft: PeftModel | None = self.__dict__["_peft"]
+        return peft.disable_adapter() if peft is not None else nullcontext()
 
     def _score(
         self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
@@ -180,23 +195,12 @@ def build_policy(
     trainable: bool,
     activation_checkpointing: bool | Callable[[PreTrainedModel], bool] = False,
     logits_chunk_tokens: int | None = None,
+    lora: LoraConfig | None = None,
 ) -> tuple[ScoredLM, bool]:
-    """Load an HF causal LM in fp32, shard each decoder layer then the root with FSDP2; return it and whether
-    activation checkpointing is on (``activation_checkpointing`` may be a rule deciding it from the loaded model)."""
+    """Load an HF causal LM in fp32, add LoRA adapters if ``lora`` (only they train then), shard each decoder layer
+    then the root with FSDP2; return it and whether activation checkpointing is on (``activation_checkpointing`` may
+    be a rule deciding it from the loaded model, adapters included)."""
     lm = load_lm(path)
-    ac = trainable and (activation_checkpointing(lm) if callable(activation_checkpointing)
-                        else activation_checkpointing)
-    if ac:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lm.train(trainable)
-    if not trainable:
-        lm.requires_grad_(False)
-    wrapper = ScoredLM(lm, logits_chunk_tokens)
-    mp = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if dtype == "bf16"
-        else None
-    )
     layer_names = set(getattr(lm, "_no_split_modules", None) or ())
     layers = [m for m in lm.modules() if type(m).__name__ in layer_names]
     if not layers:
@@ -204,6 +208,24 @@ def build_policy(
             f"cannot find the decoder layers of {type(lm).__name__} (no module named in _no_split_modules "
             f"{sorted(layer_names)}): this architecture is not supported by the FSDP2 wrapper"
         )
+    peft = None
+    if lora is not None and trainable:
+        from agentrl.trainer.lora import apply_lora  # peft is imported only by LoRA runs
+
+        peft = apply_lora(lm, layers, lora)
+    ac = trainable and (activation_checkpointing(lm) if callable(activation_checkpointing)
+                        else activation_checkpointing)
+    if ac:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lm.train(trainable)
+    if not trainable:
+        lm.requires_grad_(False)
+    wrapper = ScoredLM(lm, logits_chunk_tokens, lora=lora if peft is not None else None, peft=peft)
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if dtype == "bf16"
+        else None
+    )
     policy = mp if mp is not None else MixedPrecisionPolicy()  # the default casts nothing
     for layer in layers:
         fully_shard(layer, mesh=info.mesh, mp_policy=policy)

@@ -2,9 +2,11 @@
 
 Checkpoint folder::
 
-    trainer_state.json   step, weight_version, world_size, scheduler state, the caller's ``extra`` (JSON)
+    trainer_state.json   step, weight_version, world_size, scheduler state, LoRA settings (or null), the caller's
+                         ``extra`` (JSON)
     state/               model + optimiser, sharded with torch.distributed.checkpoint (reshardable: a run
-                         saved at one world size resumes at another)
+                         saved at one world size resumes at another); with LoRA the adapters and their optimiser
+                         state only (the frozen base is the model the trainer starts from)
     rng/rank<r>.pt       each rank's RNG states (torch, CUDA, python, numpy)
 
 A folder exists under its final name only once complete, so the newest folder with a ``trainer_state.json``
@@ -109,6 +111,21 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _state_dicts(model: ScoredLM, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Model and optimiser state dicts to save or load in place; with LoRA only the trainable parameters (the
+    adapters: torch's ``ignore_frozen_params`` would keep a tied alias of a frozen weight such as ``lm_head``)."""
+    msd, osd = get_state_dict(model, optimizer)
+    if model.lora is not None:
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        msd = {k: v for k, v in msd.items() if k in trainable}
+    return msd, osd
+
+
+def _lora_doc(model: ScoredLM) -> dict[str, Any] | None:
+    """What a LoRA checkpoint must agree on to be loaded (dropout may change between runs)."""
+    return None if model.lora is None else model.lora.model_dump(mode="json", exclude={"dropout"})
+
+
 def save_checkpoint(
     target: Path,
     *,
@@ -127,14 +144,15 @@ def save_checkpoint(
         ) from exc
     rank = dist.get_rank()
     tmp = _prepare_tmp(target, rank)
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = _state_dicts(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "state"))
     (tmp / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank{rank}.pt")
     dist.barrier()
     if rank == 0:
         sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
-        doc = dict(state, world_size=dist.get_world_size(), scheduler=sched, extra=json.loads(extra_json))
+        doc = dict(state, world_size=dist.get_world_size(), scheduler=sched, lora=_lora_doc(model),
+                   extra=json.loads(extra_json))
         (tmp / STATE_FILE).write_text(json.dumps(doc, indent=1))
         publish_dir(tmp, target)
     dist.barrier()
@@ -155,9 +173,16 @@ def load_checkpoint(
             "save_checkpoint (find the newest with agentrl.trainer.latest_checkpoint)"
         )
     doc = json.loads((source / STATE_FILE).read_text())
-    msd, osd = get_state_dict(model, optimizer)
+    if doc.get("lora") != _lora_doc(model):
+        raise TrainerError(
+            f"{source} holds {'LoRA adapters ' + str(doc['lora']) if doc.get('lora') else 'full weights'} but this "
+            f"trainer {'has LoRA ' + str(_lora_doc(model)) if model.lora else 'fine-tunes the full model'}: resume "
+            "with the trainer.lora settings the checkpoint was written with"
+        )
+    msd, osd = _state_dicts(model, optimizer)
     dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(source / "state"))  # loads in place
-    set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+    set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd,
+                   options=StateDictOptions(strict=model.lora is None))  # LoRA: the base is not in msd
     sched = dict(doc["scheduler"])
     sched["lr_lambdas"] = [None] * len(optimizer.param_groups)
     scheduler.load_state_dict(sched)
@@ -196,9 +221,15 @@ def prune_checkpoints(root: str | os.PathLike[str], keep: int) -> list[Path]:
 
 
 def full_state_dict(model: ScoredLM) -> dict[str, torch.Tensor]:
-    """The HF state dict gathered on rank 0 (CPU); empty on other ranks. Tied weights appear once."""
+    """The HF state dict gathered on rank 0 (CPU); empty on other ranks. Tied weights appear once. With LoRA the
+    adapters are merged into the base weights, under the base model's names (:func:`agentrl.trainer.lora.merge_lora`;
+    the model is not modified)."""
     raw = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     sd = {k.removeprefix("lm."): v for k, v in raw.items() if isinstance(v, torch.Tensor)}
+    if model.lora is not None and sd:
+        from agentrl.trainer.lora import merge_lora
+
+        sd = merge_lora(sd, model.lora.scaling)
     lm = model.lm
     if getattr(lm.config.get_text_config(), "tie_word_embeddings", False):
         tied = getattr(lm, "_tied_weights_keys", None) or ()

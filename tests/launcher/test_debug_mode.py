@@ -82,3 +82,53 @@ def test_a_run_with_distributed_weight_sync_writes_no_weights_and_serves_every_v
             return await client.weight_version()
 
     assert asyncio.run(served()) == 2
+
+
+def test_a_lora_run_serves_merged_weights_that_change_each_version(tmp_path: Path, shared_server: str,
+                                                                   tiny_model_path: Path) -> None:
+    """trainer.lora end to end (cold-start SFT with adapters, two RL steps, disk weight sync into the real server):
+    every published version is a full checkpoint under the base model's names, the weights move version to
+    version, the server ends on the last one, and the checkpoint holds the adapters alone."""
+    import torch
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint import FileSystemReader
+
+    config = {
+        "name": "lora", "model": "tiny", "steps": 2, "runs_dir": str(tmp_path / "runs"),
+        "engine": {"url": shared_server},
+        "sft": {"enabled": True, "steps": 2, "num_traces": 8, "batch_size": 4, "lr": 1e-2},
+        "rollout": {"n_samples": 2, "groups_per_step": 2, "max_new_tokens": 16, "max_turns": 2,
+                    "max_response_tokens": 48, "max_context_tokens": 192},
+        # the tiny model's rewards are all alike (zero advantages): the entropy bonus gives every step a gradient
+        "trainer": {"micro_batch_tokens": 2048, "optimizer": {"lr": 1e-2},
+                    "loss": {"kl_coef": 0.05, "entropy_coef": 0.01},
+                    "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}},
+        "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
+    }
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-c", NO_RAY, "train", str(path), "--debug"], capture_output=True,
+                          text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run = tmp_path / "runs" / "lora"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_weight_version"] == 2 and summary["books_balanced"]
+    base = load_file(str(tiny_model_path / "model.safetensors"))
+    versions = [load_file(str(run / "weights" / f"v{v}" / "model.safetensors")) for v in (0, 1, 2)]
+    for sd in versions:
+        assert set(sd) == set(base)  # merged: no lora_ tensors, no base_layer. names
+    for v, (before, after) in enumerate(zip([base, *versions], versions)):
+        changed = {k.rsplit(".", 2)[-2] for k in base if not torch.equal(before[k], after[k])}
+        assert changed == {"q_proj", "v_proj", "down_proj"}, f"v{v} against the one before: {changed} changed"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["weight_version"] for m in metrics] == [1, 2] and metrics[0]["kl"] == 0.0 and metrics[1]["kl"] > 0
+    ckpt = max((run / "checkpoints").iterdir())
+    keys = FileSystemReader(str(ckpt / "state")).read_metadata().state_dict_metadata
+    assert {k for k in keys if k.startswith("model.")} and all(".lora_" in k for k in keys if k.startswith("model."))
+
+    async def served() -> int:
+        async with SGLangClient(shared_server) as client:
+            return await client.weight_version()
+
+    assert asyncio.run(served()) == 2
+

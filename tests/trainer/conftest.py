@@ -17,6 +17,15 @@ def _torch_threads() -> None:
     torch.set_num_threads(2)
 
 
+@pytest.fixture(scope="module")
+def hf_tiny(tiny_model_path: Path):
+    """The tiny model in plain HF transformers (fp32, eval mode): the reference the trainer's numbers are checked
+    against."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32).eval()
+
+
 @pytest.fixture
 def tiny_config(tiny_model_path: Path) -> Callable[..., TrainerConfig]:
     """``tiny_config(lr=..., loss={...}, **trainer_fields)`` builds a TrainerConfig on the tiny model."""

@@ -19,8 +19,10 @@ def _run_world(world: int, cfg_json: str, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def test_world_size_two_matches_world_size_one(tiny_config, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora", [None, {"r": 3, "alpha": 6.0}], ids=["full", "lora"])  # r 3: uneven shards
+def test_world_size_two_matches_world_size_one(tiny_config, tmp_path: Path, lora: dict | None) -> None:
     cfg = tiny_config(
+        lora=lora,
         lr=1e-2,
         micro_batch_tokens=48,
         logits_chunk_tokens=8,  # several checkpointed head chunks per micro-batch, recomputed under FSDP2
@@ -47,6 +49,9 @@ def test_world_size_two_matches_world_size_one(tiny_config, tmp_path: Path) -> N
     assert one["metrics"][-1]["kl"] > 1e-6  # the weights moved: a no-op trainer would not pass
     for a, b in zip(one["logprobs"], two["logprobs"]):
         assert b == pytest.approx(a, abs=2e-4)
+    assert two["published"].keys() == one["published"].keys() and not any(".lora_" in k for k in one["published"])
+    for k, a in one["published"].items():
+        assert two["published"][k] == pytest.approx(a, rel=1e-4, abs=1e-3), k
 
 
 def test_kill_and_resume_gives_the_same_next_step(tiny_config, tmp_path: Path) -> None:

@@ -8,26 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import grouped_batch, make_traj, random_batch
+from trainer_helpers import grouped_batch, hf_logprobs, make_traj, random_batch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.trainer import Trace, Trainer, latest_checkpoint
-
-
-def hf_logprobs(model, token_ids: list[int], loss_mask: list[int]) -> torch.Tensor:
-    """Plain HF: full logits, log_softmax, logprob of token t from position t - 1, 0 where unscored."""
-    with torch.no_grad():
-        logits = model(torch.tensor([token_ids])).logits[0].float()
-    lp = torch.log_softmax(logits, -1)[:-1].gather(-1, torch.tensor(token_ids[1:])[:, None]).squeeze(-1)
-    out = torch.zeros(len(token_ids))
-    mask = torch.tensor(loss_mask[1:], dtype=torch.bool)
-    out[1:][mask] = lp[mask]
-    return out
-
-
-@pytest.fixture(scope="module")
-def hf_tiny(tiny_model_path: Path):
-    return AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32).eval()
 
 
 @pytest.mark.parametrize("layout", ["packed", "padded", "shared_prefix"])

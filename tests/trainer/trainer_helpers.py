@@ -111,10 +111,11 @@ def run_steps(rank: int, world: int, port: int, cfg_json: str, steps: int, out: 
     with Trainer(TrainerConfig.model_validate_json(cfg_json)) as tr:
         metrics = [tr.rl_step(random_batch(s, version=s), current_version=s).as_dict() for s in range(steps)]
         lp = tr.logprobs(random_batch(100))
+        published = tr.full_state_dict()  # collective: gathered (and with LoRA merged) on rank 0
         if rank == 0:
-            Path(out).write_text(
-                json.dumps({"metrics": metrics, "logprobs": [x.tolist() for x in lp], "world": tr.world_size})
-            )
+            sums = {k: float(v.double().sum()) for k, v in published.items()}
+            Path(out).write_text(json.dumps({"metrics": metrics, "logprobs": [x.tolist() for x in lp],
+                                             "world": tr.world_size, "published": sums}))
 
 
 def run_with_checkpoint(cfg_json: str, ckpt: str, out: str, mode: str, port: int) -> None:
@@ -162,3 +163,14 @@ def share_before_any_trainer(rank: int, world: int, port: int, out: str) -> None
         Path(f"{out}.{rank}").write_text(json.dumps({"got": got, "outer": outer.owns_group, "inner": inner.owns_group,
                                                      "alive": alive, "world": dist.get_world_size()}))
     Path(f"{out}.{rank}.after").write_text(json.dumps(dist.is_initialized()))
+
+
+def hf_logprobs(model, token_ids: list[int], loss_mask: list[int]) -> torch.Tensor:
+    """Plain HF: full logits, log_softmax, logprob of token t from position t - 1, 0 where unscored."""
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)[:-1].gather(-1, torch.tensor(token_ids[1:])[:, None]).squeeze(-1)
+    out = torch.zeros(len(token_ids))
+    mask = torch.tensor(loss_mask[1:], dtype=torch.bool)
+    out[1:][mask] = lp[mask]
+    return out
