@@ -1,7 +1,8 @@
 """Sandbox latency and throughput for a trivial program (``print(1)``), each against a floor doing the same work.
 
 - floor:  the same fork-server launcher (``agentrl/sandbox/runtime/launcher.py``, the same warm pool, the same
-  wire protocol) **without** bubblewrap, cgroups or the /proc and IPC leftover check: :class:`BareLauncher` below.
+  wire protocol) **without** bubblewrap (only a PID namespace, which the launcher's clean-up needs), cgroups or
+  the /proc and IPC leftover check: :class:`BareLauncher` below.
   ``local_vs_floor`` (p50 latency, local / floor) is then what the isolation costs per run;
 - local:  ``LocalSandbox.run`` (bubblewrap + cgroups + rlimits, warm pool);
 - fresh:  ``LocalSandbox.run`` with no warm pool (every run starts its own sandbox, which is destroyed after it):
