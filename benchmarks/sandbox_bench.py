@@ -1,7 +1,14 @@
-"""Sandbox latency and throughput for a trivial program (``print(1)``), at concurrency 1 and 8:
+"""Sandbox latency and throughput for a trivial program (``print(1)``), each against a floor doing the same work.
 
-- bare:   ``/usr/bin/python3 -c 'print(1)'`` as a plain asyncio subprocess (no isolation at all);
+- floor:  the same fork-server launcher (``agentrl/sandbox/runtime/launcher.py``, the same warm pool, the same
+  wire protocol) **without** bubblewrap (only a PID namespace, which the launcher's clean-up needs), cgroups or
+  the /proc and IPC leftover check: :class:`BareLauncher` below.
+  ``local_vs_floor`` (p50 latency, local / floor) is then what the isolation costs per run;
 - local:  ``LocalSandbox.run`` (bubblewrap + cgroups + rlimits, warm pool);
+- fresh:  ``LocalSandbox.run`` with no warm pool (every run starts its own sandbox, which is destroyed after it):
+  ``fresh_vs_warm`` (p50, fresh / local) is what the warm pool saves;
+- cold python: ``/usr/bin/python3 -c 'print(1)'`` as a plain asyncio subprocess: ``local_vs_cold_python`` (was
+  ``local_vs_bare``) compares a pre-forked interpreter with a cold interpreter start, *not* isolation overhead;
 - docker: ``DockerSandbox.run`` (warm pool of locked-down containers), if a Docker engine answers;
 - plus, for information, one session cell (the ReTool path) on each backend;
 - cpp (``--n-cpp``, 0 to skip): compile + run of a small C++ program (``g++ -O2``), p50/p99, in the local sandbox
@@ -13,14 +20,21 @@
   ``SandboxFleet`` against one of them through a ``RemoteSandbox``: ``fleet_vs_single`` is the ratio of
   requests/s. Both servers run on this machine, so they share its cores with each other and with this client:
   what a second server adds here is a second event loop and more slots, not more CPU; one server with twice the
-  slots (``single_2x_slots``) tells the two apart.
+  slots (``single_2x_slots_vs_single``) tells the two apart.
 
-Latency is measured per request from the caller's side; throughput is requests completed per second of wall
-time with ``c`` requests in flight. Targets: local p50 <= 1.5 x bare p50, docker warm p50 <= 150 ms.
-Usage: python benchmarks/sandbox_bench.py [--n 200] [--n-cpp 20] [--n-fleet 400] [--skip-docker]
-Last line: local_vs_bare=... docker_p50_ms=... local_p50_ms=... throughput_c8_per_s=... cpp_compile_run_p50_ms=...
-cpp_compile_run_p99_ms=... cpp_vs_bare=... cases_vs_per_test=... single_c32_per_s=... fleet_c32_per_s=...
-single_2x_slots_c32_per_s=... fleet_vs_single=...
+Every ratio is ``benchmarks/_common.py``'s: an untimed warm-up of each side, then ``--rounds`` (7) rounds
+alternating the order, the median of the per-round ratios and its range (``…_range=lo-hi``). Latency is measured
+per request from the caller's side (``--n`` requests per side and round at concurrency 1); absolute p50/p99 pool
+every round's requests; throughput is requests completed per second of wall time with ``c`` requests in flight.
+Targets: local p50 <= 1.5 x floor p50, docker warm p50 <= 150 ms. ``--quick``: 3 rounds, few requests, no
+Docker (a check that it runs, not a figure to quote).
+Usage: python benchmarks/sandbox_bench.py [--rounds 7] [--n 30] [--n-cpp 3] [--n-fleet 200] [--skip-docker]
+[--quick]
+Last line: local_vs_floor=… local_vs_floor_range=… fresh_vs_warm=… local_vs_cold_python=… local_p50_ms=…
+floor_p50_ms=… fresh_p50_ms=… docker_p50_ms=… throughput_c8_per_s=… cpp_compile_run_p50_ms=…
+cpp_compile_run_p99_ms=… cpp_vs_bare=… cases_vs_per_test=… single_c32_per_s=… fleet_c32_per_s=…
+single_2x_slots_c32_per_s=… fleet_vs_single=… single_2x_slots_vs_single=… rounds=… then the footer (cpu= cores=
+… commit= load1_start= load1_end=).
 """
 
 from __future__ import annotations
@@ -40,18 +54,121 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+from _common import MIN_ROUNDS, Comparison, ainterleaved, environment, last_line  # this folder's
+
+from agentrl.errors import SandboxError
 from agentrl.sandbox import docker_available
+from agentrl.sandbox._core import START_ERRORS, WarmSandbox
+from agentrl.sandbox._wire import SANDBOX_ENV, Conn, launcher_source, ping
 from agentrl.sandbox.base import Limits, RequestStatus, RunRequest, Sandbox
+from agentrl.sandbox.local import NOBODY, LocalSandbox
 
 PROGRAM = "print(1)"
 CPP = ('#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }')
 
 
-async def bare_once() -> None:
+# ----------------------------------------------------------------------------------------------- the floor
+
+
+class _FloorConn(Conn):
+    """A run message rewritten for a launcher on the host: its own working dir, the only place emptied after the
+    run, and no leftover check (on the host, /proc lists every process of the machine, never "clean")."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, workdir: str) -> None:
+        assert proc.stdout is not None and proc.stdin is not None
+        super().__init__(proc.stdout, proc.stdin)
+        self.workdir = workdir
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        if obj.get("op") == "run":
+            obj = {**obj, "workdir": self.workdir, "wipe": [self.workdir], "check_clean": False}
+        await super().send(obj)
+
+
+class _FloorBox:
+    def __init__(self, proc: asyncio.subprocess.Process, workdir: str) -> None:
+        self.proc, self.workdir = proc, workdir
+        self.conn = _FloorConn(proc, workdir)
+        self.uses = 0
+
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def oom_kills(self) -> int:
+        return 0
+
+    async def destroy(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), 5.0)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class BareLauncher(WarmSandbox[_FloorBox]):
+    """The local sandbox's floor: the same launcher, warm pool, wire protocol and rlimits (an address-space cap in
+    place of the memory cgroup), run as nobody (``setpriv``, as the local sandbox does) in a PID namespace of its
+    own (``unshare --pid --fork --kill-child``) and nothing else: no bubblewrap (no user, mount, network, IPC or
+    UTS namespace, no read-only root, no tmpfs), no cgroup, no leftover check. The PID namespace stays because
+    the launcher's clean-up after every run is ``kill(-1)``: on the host it would reach every process of the
+    user, and as kill(-1) answers success when it may signal none of them, the launcher would retry it for its
+    full second. Benchmark-only: it isolates nothing. Needs root (setpriv, a PID namespace)."""
+
+    kind = "floor"
+
+    def __init__(self, *, max_concurrency: int = 8, python: str = "/usr/bin/python3") -> None:
+        super().__init__(limits=Limits(), max_concurrency=max_concurrency, pool_size=None, max_sessions=1,
+                         session_idle_s=60.0, session_wait_s=1.0, start_timeout_s=10.0, grace_s=2.0, max_uses=200)
+        self.python = python
+
+    async def _setup(self) -> None:
+        if os.geteuid() != 0 or not all(os.access(f"/usr/bin/{t}", os.X_OK) for t in ("setpriv", "unshare")):
+            raise SandboxError("the floor needs root and util-linux (setpriv, unshare): the local_vs_floor figures "
+                               "are left out")
+
+    async def _spawn(self, limits: Limits) -> _FloorBox:
+        workdir = tempfile.mkdtemp(prefix="agentrl-floor-")
+        os.chown(workdir, NOBODY, NOBODY)
+        proc = await asyncio.create_subprocess_exec(
+            "/usr/bin/unshare", "--pid", "--fork", "--kill-child", "--",
+            "/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
+            self.python, "-I", "-c", launcher_source(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=workdir, env={**SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir})
+        box = _FloorBox(proc, workdir)
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                await ping(box.conn)
+        except START_ERRORS as exc:
+            await box.destroy()
+            raise SandboxError(f"the floor's launcher did not start: {exc!r}") from None
+        return box
+
+    def _launch_options(self) -> dict[str, Any]:
+        return {"cgroup_memory": False, "nproc": None}
+
+
+class FreshLocal(LocalSandbox):
+    """``LocalSandbox`` without a warm pool: a pool of size 0 starts a sandbox in ``get`` and destroys it in
+    ``put``, so every run pays bubblewrap's and the launcher's start (``pool_size`` cannot say 0: None means
+    ``max_concurrency``; benchmark-only, so the private field is set here)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pool_size = 0
+
+
+# ----------------------------------------------------------------------------------------------- one request
+
+
+async def cold_python_once() -> None:
     proc = await asyncio.create_subprocess_exec("/usr/bin/python3", "-c", PROGRAM,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0 and out == b"1\n"
 
 
@@ -65,10 +182,70 @@ def sandbox_once(sb: Sandbox) -> Callable[[], Awaitable[None]]:
     return once
 
 
+async def bare_cpp_once() -> None:
+    """g++ then the binary, as plain subprocesses in a fresh directory (no isolation at all)."""
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "main.cpp").write_text(CPP)
+        cc = await asyncio.create_subprocess_exec("g++", "-std=c++17", "-O2", "-o", "main", "main.cpp", cwd=d)
+        assert await asyncio.wait_for(cc.wait(), 120) == 0
+        run = await asyncio.create_subprocess_exec("./main", cwd=d, stdin=asyncio.subprocess.PIPE,
+                                                   stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(run.communicate(b"40 2\n"), 30)
+        assert out == b"42\n"
+
+
+def sandbox_cpp_once(sb: Sandbox) -> Callable[[], Awaitable[None]]:
+    request = RunRequest(code=CPP, language="cpp", stdin="40 2\n", limits=Limits(time_s=10, compile_time_s=60))
+
+    async def once() -> None:
+        r = await sb.run(request)
+        assert r.status is RequestStatus.SUCCESS and r.stdout == "42\n", r
+
+    return once
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+
+
+def percentile(ms: list[float], q: float) -> float:
+    s = sorted(ms)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def batch(once: Callable[[], Awaitable[None]], n: int) -> Callable[[], Awaitable[list[float]]]:
+    """``n`` requests one after the other: their latencies in ms."""
+    async def run() -> list[float]:
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await once()
+            lat.append((time.perf_counter() - t) * 1e3)
+        return lat
+
+    return run
+
+
+async def latency_ratio(rounds: int, n: int, base: Callable[[], Awaitable[None]],
+                        ours: Callable[[], Awaitable[None]]) -> Comparison[list[float]]:
+    """Rounds of ``n`` requests of each side at concurrency 1, alternating, after 3 untimed requests of each. The
+    "rate" handed to ``ainterleaved`` is the p50 itself, so each round's ratio is ours' p50 over base's (a latency
+    ratio: lower is better)."""
+    async def warmup() -> None:
+        for _ in range(3):
+            await base()
+            await ours()
+
+    return await ainterleaved(rounds, batch(base, n), batch(ours, n), rate=statistics.median, warmup=warmup)
+
+
+def pooled(*sides: list[list[float]]) -> list[float]:
+    return [x for side in sides for lat in side for x in lat]
+
+
 async def measure(once: Callable[[], Awaitable[None]], n: int, concurrency: int) -> tuple[float, float, float]:
-    """(p50 ms, p99 ms, requests/s) over ``n`` requests with ``concurrency`` in flight."""
+    """(p50 ms, p99 ms, requests/s) over ``n`` requests with ``concurrency`` in flight, after 10 untimed ones."""
     for _ in range(min(10, n)):
-        await once()  # warm-up
+        await once()
     lat: list[float] = []
     queue = iter(range(n))
 
@@ -76,16 +253,14 @@ async def measure(once: Callable[[], Awaitable[None]], n: int, concurrency: int)
         for _ in queue:
             t = time.perf_counter()
             await once()
-            lat.append(time.perf_counter() - t)
+            lat.append((time.perf_counter() - t) * 1e3)
 
     t0 = time.perf_counter()
     async with asyncio.TaskGroup() as tg:
         for _ in range(concurrency):
             tg.create_task(worker())
     wall = time.perf_counter() - t0
-    lat.sort()
-    p99 = lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)]
-    return statistics.median(lat) * 1e3, p99 * 1e3, n / wall
+    return statistics.median(lat), percentile(lat, 0.99), n / wall
 
 
 async def session_cell_ms(sb: Sandbox, n: int) -> float:
@@ -103,44 +278,26 @@ async def session_cell_ms(sb: Sandbox, n: int) -> float:
         await s.aclose()
 
 
-async def bare_cpp_once() -> None:
-    """g++ then the binary, as plain subprocesses in a fresh directory (no isolation at all)."""
-    with tempfile.TemporaryDirectory() as d:
-        Path(d, "main.cpp").write_text(CPP)
-        cc = await asyncio.create_subprocess_exec("g++", "-std=c++17", "-O2", "-o", "main", "main.cpp", cwd=d)
-        assert await cc.wait() == 0
-        run = await asyncio.create_subprocess_exec("./main", cwd=d, stdin=asyncio.subprocess.PIPE,
-                                                   stdout=asyncio.subprocess.PIPE)
-        out, _ = await run.communicate(b"40 2\n")
-        assert out == b"42\n"
-
-
-def sandbox_cpp_once(sb: Sandbox) -> Callable[[], Awaitable[None]]:
-    request = RunRequest(code=CPP, language="cpp", stdin="40 2\n", limits=Limits(time_s=10, compile_time_s=60))
-
-    async def once() -> None:
-        r = await sb.run(request)
-        assert r.status is RequestStatus.SUCCESS and r.stdout == "42\n", r
-
-    return once
-
-
-async def cases_vs_per_test(sb: Sandbox, tests: int = 10, rounds: int = 3) -> float:
-    """Wall time of ``tests`` stdin tests as one request per test over as one request with cases (median)."""
+async def cases_vs_per_test(sb: Sandbox, rounds: int, tests: int = 10) -> Comparison[float]:
+    """Wall seconds of ``tests`` stdin tests as one request with cases (base) and as one request per test (ours):
+    each round's ratio is per-test over cases."""
     limits = Limits(time_s=10, compile_time_s=60)
     stdins = [f"{i} {i}\n" for i in range(tests)]
-    ratios = []
-    for _ in range(rounds):
+
+    async def cases() -> float:
         t = time.perf_counter()
         r = await sb.run(RunRequest(code=CPP, language="cpp", cases=tuple(stdins), limits=limits))
-        cases_s = time.perf_counter() - t
         assert [c.stdout for c in r.cases] == [f"{2 * i}\n" for i in range(tests)], r
+        return time.perf_counter() - t
+
+    async def per_test() -> float:
         t = time.perf_counter()
         for stdin in stdins:
             one = await sb.run(RunRequest(code=CPP, language="cpp", stdin=stdin, limits=limits))
             assert one.status is RequestStatus.SUCCESS, one
-        ratios.append((time.perf_counter() - t) / cases_s)
-    return statistics.median(ratios)
+        return time.perf_counter() - t
+
+    return await ainterleaved(rounds, cases, per_test, rate=float, warmup=sandbox_cpp_once(sb))
 
 
 @contextlib.asynccontextmanager
@@ -169,91 +326,124 @@ async def served(slots: int, log_dir: str) -> AsyncIterator[str]:
         proc.wait(timeout=30)
 
 
-async def fleet_vs_single(n: int, concurrency: int, slots: int, rounds: int = 3) -> dict[str, float]:
-    """Requests/s of ``print(1)`` at ``concurrency`` through one server and through a fleet of two, in alternating
-    rounds (the median of each: this host's load drifts)."""
+async def fleet_vs_single(rounds: int, n: int, concurrency: int, slots: int) -> dict[str, Comparison[float]]:
+    """Requests/s of ``print(1)`` at ``concurrency`` through one server (base) against a fleet of two and against
+    one server with twice the slots, each pair alternating."""
     from agentrl.sandbox.fleet import SandboxFleet
     from agentrl.sandbox.remote import RemoteSandbox
 
-    single_rps, fleet_rps, wide_rps = [], [], []
     with tempfile.TemporaryDirectory() as logs:
         async with served(slots, logs) as a, served(slots, logs) as b, served(2 * slots, logs) as wide:
-            for _ in range(rounds):
-                async with RemoteSandbox(a, max_connections=concurrency) as single:
-                    single_rps.append((await measure(sandbox_once(single), n, concurrency))[2])
-                async with SandboxFleet([a, b], max_connections=concurrency) as fleet:
-                    fleet_rps.append((await measure(sandbox_once(fleet), n, concurrency))[2])
-                    spread = [s.requests for s in fleet.stats()]
-                async with RemoteSandbox(wide, max_connections=concurrency) as single:
-                    wide_rps.append((await measure(sandbox_once(single), n, concurrency))[2])
-    single, both, wider = (statistics.median(x) for x in (single_rps, fleet_rps, wide_rps))
-    print(f"fleet: {n} x print(1) at concurrency {concurrency}, median of {rounds} rounds: one server of {slots} slots "
-          f"{single:.1f} req/s {[round(x) for x in single_rps]}, two of {slots} {both:.1f} req/s "
-          f"{[round(x) for x in fleet_rps]} (requests per server, last round: {spread}), one of {2 * slots} "
-          f"{wider:.1f} req/s {[round(x) for x in wide_rps]}")
-    return {"single": single, "fleet": both, "single_2x_slots": wider}
+            def through(make: Callable[[], Any]) -> Callable[[], Awaitable[float]]:
+                async def rps() -> float:
+                    async with make() as sb:  # measure() warms each client with 10 requests
+                        return (await measure(sandbox_once(sb), n, concurrency))[2]
+                return rps
+
+            single = through(lambda: RemoteSandbox(a, max_connections=concurrency))
+            fleet = through(lambda: SandboxFleet([a, b], max_connections=concurrency))
+            wider = through(lambda: RemoteSandbox(wide, max_connections=concurrency))
+            nothing = lambda: asyncio.sleep(0)  # noqa: E731
+            return {"fleet": await ainterleaved(rounds, single, fleet, warmup=nothing),
+                    "single_2x_slots": await ainterleaved(rounds, single, wider, warmup=nothing)}
 
 
-async def main(n: int, skip_docker: bool, n_cpp: int = 20, n_fleet: int = 400, fleet_concurrency: int = 32,
-               server_concurrency: int = 8) -> None:
-    from agentrl.sandbox.local import LocalSandbox
+def show(name: str, cmp: Comparison[Any]) -> str:
+    lo, hi = cmp.range
+    return f"{name}={cmp.median:.3g} (rounds {lo:.3g}-{hi:.3g}{', parity' if cmp.parity else ''})"
 
-    rows: dict[tuple[str, int], tuple[float, float, float]] = {}
-    cells: dict[str, float] = {}
-    for c in (1, 8):
-        rows[("bare", c)] = await measure(bare_once, n, c)
-    async with LocalSandbox(max_concurrency=8) as local:
-        for c in (1, 8):
-            rows[("local", c)] = await measure(sandbox_once(local), n, c)
-        cells["local"] = await session_cell_ms(local, 50)
-        cpp: dict[str, float] = {}
-        if n_cpp > 0 and shutil.which("g++", path="/usr/bin:/bin"):
-            rows[("cpp-bare", 1)] = await measure(bare_cpp_once, n_cpp, 1)
-            rows[("cpp", 1)] = await measure(sandbox_cpp_once(local), n_cpp, 1)
-            cpp["cases_vs_per_test"] = await cases_vs_per_test(local)
-    fleet = await fleet_vs_single(n_fleet, fleet_concurrency, server_concurrency) if n_fleet > 0 else {}
-    why_no_docker = "skipped (--skip-docker)" if skip_docker else docker_available()
+
+async def main(args: argparse.Namespace) -> None:
+    env = environment(packages=("aiohttp", "fastapi", "uvicorn"))
+    rounds, n, nan = args.rounds, args.n, float("nan")
+    figures: dict[str, Any] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        local = await stack.enter_async_context(LocalSandbox(max_concurrency=8))
+        fresh = await stack.enter_async_context(FreshLocal(max_concurrency=1))
+        try:
+            floor = await stack.enter_async_context(BareLauncher(max_concurrency=8))
+        except SandboxError as exc:  # not root: the floor is left out, the rest measured
+            print(f"floor: {exc}")
+            floor = None
+        iso = await latency_ratio(rounds, n, sandbox_once(floor or local), sandbox_once(local))
+        pool = await latency_ratio(rounds, n, sandbox_once(local), sandbox_once(fresh))
+        cold = await latency_ratio(rounds, n, cold_python_once, sandbox_once(local))
+        local_lat = pooled(iso.ours, pool.base, cold.ours)
+        floor_c8 = await measure(sandbox_once(floor), n * rounds, 8) if floor else (nan, nan, nan)
+        local_c8 = await measure(sandbox_once(local), n * rounds, 8)
+        cell_ms = {"local": await session_cell_ms(local, 50)}
+        print(show("local_vs_floor", iso), show("fresh_vs_warm", pool), show("local_vs_cold_python", cold))
+        print(f"p50/p99 ms at concurrency 1: floor {statistics.median(pooled(iso.base)):.2f}/"
+              f"{percentile(pooled(iso.base), 0.99):.2f}, local {statistics.median(local_lat):.2f}/"
+              f"{percentile(local_lat, 0.99):.2f}, fresh {statistics.median(pooled(pool.ours)):.2f}/"
+              f"{percentile(pooled(pool.ours), 0.99):.2f}, cold python {statistics.median(pooled(cold.base)):.2f}; "
+              f"concurrency 8: floor {floor_c8[2]:.1f} req/s, local {local_c8[2]:.1f} req/s")
+        figures.update({**iso.fields("local_vs_floor"), **pool.fields("fresh_vs_warm"),
+                        **cold.fields("local_vs_cold_python"),
+                        "local_p50_ms": statistics.median(local_lat),
+                        "floor_p50_ms": statistics.median(pooled(iso.base)),
+                        "fresh_p50_ms": statistics.median(pooled(pool.ours)),
+                        "cold_python_p50_ms": statistics.median(pooled(cold.base)),
+                        "throughput_c8_per_s": local_c8[2], "floor_throughput_c8_per_s": floor_c8[2]})
+        if floor is None:  # what ran was local against itself
+            figures.update({"local_vs_floor": nan, "local_vs_floor_range": (nan, nan), "floor_p50_ms": nan})
+        cpp_lat: list[float] = []
+        if args.n_cpp > 0 and shutil.which("g++", path="/usr/bin:/bin"):
+            cpp = await latency_ratio(rounds, args.n_cpp, bare_cpp_once, sandbox_cpp_once(local))
+            cases = await cases_vs_per_test(local, rounds)
+            cpp_lat = pooled(cpp.ours)
+            print(show("cpp_vs_bare", cpp), show("cases_vs_per_test", cases))
+            figures.update({k: v for k, v in {**cpp.fields("cpp_vs_bare"), **cases.fields("cases_vs_per_test")}.items()
+                            if k != "rounds"})
+        figures["cpp_compile_run_p50_ms"] = statistics.median(cpp_lat) if cpp_lat else nan
+        figures["cpp_compile_run_p99_ms"] = percentile(cpp_lat, 0.99) if cpp_lat else nan
+    c = args.fleet_concurrency
+    if args.n_fleet > 0:
+        fleet = await fleet_vs_single(rounds, args.n_fleet, c, args.server_concurrency)
+        single = statistics.median(pooled([fleet["fleet"].base, fleet["single_2x_slots"].base]))
+        print(f"fleet at concurrency {c}, {args.server_concurrency} slots a server: "
+              f"{show('fleet_vs_single', fleet['fleet'])} {show('single_2x_slots_vs_single', fleet['single_2x_slots'])}")
+        figures.update({f"single_c{c}_per_s": single,
+                        f"fleet_c{c}_per_s": statistics.median(fleet["fleet"].ours),
+                        f"single_2x_slots_c{c}_per_s": statistics.median(fleet["single_2x_slots"].ours),
+                        **{k: v for k, v in fleet["fleet"].fields("fleet_vs_single").items() if k != "rounds"},
+                        **{k: v for k, v in fleet["single_2x_slots"].fields("single_2x_slots_vs_single").items()
+                           if k != "rounds"}})
+    else:
+        figures.update({f"single_c{c}_per_s": nan, f"fleet_c{c}_per_s": nan, "fleet_vs_single": nan})
+
+    why_no_docker = "skipped" if args.skip_docker else docker_available()
+    figures["docker_p50_ms"] = nan
     if why_no_docker is None:
         from agentrl.sandbox.docker import DockerSandbox
 
         async with DockerSandbox(max_concurrency=8) as docker:
-            for c in (1, 8):
-                rows[("docker", c)] = await measure(sandbox_once(docker), n, c)
-            cells["docker"] = await session_cell_ms(docker, 50)
-
-    print(f"{'backend':<8} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
-    for (name, c), (p50, p99, rps) in rows.items():
-        print(f"{name:<8} {c:>4} {p50:>8.2f} {p99:>8.2f} {rps:>8.1f}")
-    if cpp:
-        print(f"cpp: 10 stdin tests, one request with cases vs one request per test: "
-              f"per-test takes {cpp['cases_vs_per_test']:.2f}x as long")
-    for name, ms in cells.items():
-        print(f"{name} session cell p50: {ms:.2f} ms")
-    if why_no_docker is not None:
+            d1, d8 = await measure(sandbox_once(docker), n * rounds, 1), await measure(sandbox_once(docker), n * rounds, 8)
+            cell_ms["docker"] = await session_cell_ms(docker, 50)
+        print(f"docker: p50 {d1[0]:.2f} ms, p99 {d1[1]:.2f} ms; concurrency 8: {d8[2]:.1f} req/s")
+        figures["docker_p50_ms"] = d1[0]
+    else:
         print(f"docker: {why_no_docker}")
-    local_p50, bare_p50 = rows[("local", 1)][0], rows[("bare", 1)][0]
-    docker_p50 = rows[("docker", 1)][0] if ("docker", 1) in rows else float("nan")
-    nan = (float("nan"),) * 3
-    cpp_p50, cpp_p99, _ = rows.get(("cpp", 1), nan)
-    cpp_bare = rows.get(("cpp-bare", 1), nan)[0]
-    print(f"local_vs_bare={local_p50 / bare_p50:.2f} docker_p50_ms={docker_p50:.1f} local_p50_ms={local_p50:.1f} "
-          f"throughput_c8_per_s={rows[('local', 8)][2]:.1f} cpp_compile_run_p50_ms={cpp_p50:.0f} "
-          f"cpp_compile_run_p99_ms={cpp_p99:.0f} cpp_vs_bare={cpp_p50 / cpp_bare:.2f} "
-          f"cases_vs_per_test={cpp.get('cases_vs_per_test', float('nan')):.2f} "
-          f"single_c{fleet_concurrency}_per_s={fleet.get('single', float('nan')):.1f} "
-          f"fleet_c{fleet_concurrency}_per_s={fleet.get('fleet', float('nan')):.1f} "
-          f"single_2x_slots_c{fleet_concurrency}_per_s={fleet.get('single_2x_slots', float('nan')):.1f} "
-          f"fleet_vs_single={fleet.get('fleet', float('nan')) / fleet.get('single', float('nan')):.2f}")
+    for name, ms in cell_ms.items():
+        print(f"{name} session cell p50: {ms:.2f} ms")
+    if rounds < MIN_ROUNDS:
+        print(f"{rounds} rounds (< {MIN_ROUNDS}): a check that it runs, not a figure to quote")
+    figures["rounds"] = rounds
+    print(last_line(figures, env))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=200, help="requests per measurement")
-    parser.add_argument("--n-cpp", type=int, default=20, help="compile+run requests of the cpp measurement (0: skip)")
-    parser.add_argument("--n-fleet", type=int, default=400, help="requests of the fleet measurement (0: skip)")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="alternating rounds of every comparison")
+    parser.add_argument("--n", type=int, default=30, help="requests per side and round (concurrency 1)")
+    parser.add_argument("--n-cpp", type=int, default=3, help="compile+run requests per side and round (0: skip)")
+    parser.add_argument("--n-fleet", type=int, default=200, help="requests per side and round of the fleet (0: skip)")
     parser.add_argument("--fleet-concurrency", type=int, default=32, help="requests in flight (fleet measurement)")
     parser.add_argument("--server-concurrency", type=int, default=8, help="slots of each sandbox server")
     parser.add_argument("--skip-docker", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 rounds, --n 8, --n-cpp 1, --n-fleet 48, no Docker: a check that it runs")
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.skip_docker, args.n_cpp, args.n_fleet, args.fleet_concurrency,
-                     args.server_concurrency))
+    if args.quick:
+        args.rounds, args.n, args.n_cpp, args.n_fleet, args.skip_docker = 3, 8, 1, 48, True
+    asyncio.run(main(args))
