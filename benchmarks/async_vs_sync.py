@@ -11,7 +11,10 @@ trainer step here). Async runs one step's worth of groups at a time (``--max-run
 the rollout run a step ahead, and the first batch, which nothing can overlap, is ready as soon as in sync mode
 (with 8 groups at once it came ~10 s later: two steps' episodes share the engine). Sync mode cannot run more
 than one step's groups at a time anyway. Per-step trainer times (train, wait) are printed for both modes.
-Last line: ``async_speedup=… sync_s=… async_s=…`` (target ≥ 1.6).
+``--modes sync,async,colocated`` adds the colocated sync baseline (η 0, ``resources.placement: colocated``): both
+sides on both cores, taking turns, each phase with two threads (``agentrl.launcher.colocation``).
+Last line: ``async_speedup=… sync_s=… async_s=…`` (target ≥ 1.6), plus ``colocated_s=… async_vs_colocated=…`` when
+the colocated mode ran.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from pathlib import Path
 from agentrl.launcher.config import load_config
 from agentrl.launcher.driver import run_training
 
+MODES = {"sync": (0, "split"), "async": (1, "split"), "colocated": (0, "colocated")}  # name: (η, placement)
+
 
 def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype: str, trainer_dtype: str,
-           update_mode: str, pause_mode: str, checkpoint_every: int, max_running_groups: int) -> dict:
+           update_mode: str, pause_mode: str, checkpoint_every: int, max_running_groups: int,
+           placement: str = "split") -> dict:
     return {
         "name": name, "runs_dir": runs, "model": model, "steps": steps, "seed": 0,
         "checkpoint_every": checkpoint_every,
@@ -40,7 +46,7 @@ def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype:
                     "temperature": 1.0, "update_mode": update_mode, "pause_mode": pause_mode},
         "env": {"name": "retool", "options": {"format_weight": 0.1}},
         "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 1024, "dtype": trainer_dtype},
-        "resources": {"rollout_cores": [0], "trainer_cores": [1]},
+        "resources": {"rollout_cores": [0], "trainer_cores": [1], "placement": placement},  # colocated: both on [0, 1]
         "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
         "log_rollouts": "none",
     }
@@ -62,27 +68,39 @@ def main() -> None:
     ap.add_argument("--pause-mode", default="retract", choices=["retract", "in_place", "abort"],
                     help="how 'interrupt' pauses SGLang: retract recomputes the KV cache of in-flight requests on "
                          "the new weights, in_place keeps it (PipelineRL-style), abort resumes them client-side")
+    ap.add_argument("--modes", default="sync,async",
+                    help=f"comma-separated, run in this order, from {', '.join(MODES)}; sync and async are required "
+                         "for the last line")
     args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not {"sync", "async"} <= set(modes):
+        ap.error(f"--modes: expected sync and async, optionally colocated ({', '.join(MODES)}); got {args.modes!r}")
     out = {}
     with tempfile.TemporaryDirectory() as runs:
-        for mode, eta in (("sync", 0), ("async", 1)):
+        for mode in modes:
+            eta, placement = MODES[mode]
             cfg = load_config(None, base=config(runs, mode, eta, args.steps, args.model, args.engine_dtype,
                                                 args.trainer_dtype, args.update_mode, args.pause_mode, args.checkpoint_every,
-                                                args.max_running_groups))
+                                                args.max_running_groups, placement))
             summary = asyncio.run(run_training(cfg))
             out[mode] = summary
             rows = [json.loads(x) for x in (Path(runs) / mode / "metrics.jsonl").read_text().splitlines()]
             train_s = sum(r["time_s"] - r["wait_s"] for r in rows) / len(rows)  # a trainer step without waiting
             print(f"{mode} per step (train s, wait s): "
                   f"{[(round(r['time_s'] - r['wait_s'], 1), round(r['wait_s'], 1)) for r in rows]}", flush=True)
-            print(f"{mode:6s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
+            print(f"{mode:9s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
                   f"train_step_s={train_s:5.1f}  trainer_wait_s={sum(r['wait_s'] for r in rows) / len(rows):5.1f}  "
                   f"staleness_max={summary['staleness_max']}  tokens={summary['rollout_model_tokens']}  "
                   f"reload_s={summary['reload_s_mean'] or 0:.2f}  episodes_restarted={summary['episodes_restarted']}",
                   flush=True)
     sync_s, async_s = out["sync"]["rl_wall_s"], out["async"]["rl_wall_s"]
     print(json.dumps({k: {kk: v[kk] for kk in ("rl_wall_s", "staleness_mean", "staleness_max")} for k, v in out.items()}))
-    print(f"async_speedup={sync_s / async_s:.2f} sync_s={sync_s:.1f} async_s={async_s:.1f}")
+    line = f"async_speedup={sync_s / async_s:.2f} sync_s={sync_s:.1f} async_s={async_s:.1f}"
+    if "colocated" in out:
+        colocated_s = out["colocated"]["rl_wall_s"]
+        line += f" colocated_s={colocated_s:.1f} async_vs_colocated={colocated_s / async_s:.2f}"
+    print(line)
 
 
 if __name__ == "__main__":
