@@ -133,6 +133,8 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         stack.callback(follow.cancel)
         heldout = cfg.data.num_heldout > 0
         if heldout and cfg.sft.enabled and "before" not in evals:
+            if cfg.resources.placement == "colocated":  # the phases take turns: SFT (→ v0) first, then this eval
+                await _first(rollout.wait_for_version(0), trainers)
             evals["before"] = await _first(_evaluate(rollout, "before", run_dir), trainers)
             _save_evals(run_dir, evals)
         if (heldout and "sft" not in evals) or point is None or point.version == 0:

@@ -170,6 +170,10 @@ class RolloutWorker:
         """Wait for ``version`` in the registry and load it into the engine (no-op if it is the base model)."""
         return await self.load_weights(await self.registry.wait_for(version, timeout_s=timeout_s))
 
+    async def wait_for_version(self, version: int, timeout_s: float = 3600.0) -> int:
+        """Wait until ``version`` is published (without loading it); returns the version published."""
+        return (await self.registry.wait_for(version, timeout_s=timeout_s)).version
+
     async def load_weights(self, wv: WeightVersion) -> int:
         """Bring the servers to the published version ``wv`` by its transport; returns the version they serve."""
         assert self.client is not None
@@ -195,6 +199,7 @@ class RolloutWorker:
         """Greedy held-out evaluation on the engine's current weights: the figures and one record per task, which
         the controller writes to ``eval_<label>.jsonl`` (this node may share no directory with it)."""
         tasks = heldout_tasks(self.cfg)
+        logger.info("held-out eval %s starts: %d tasks", label, len(tasks))
         figures, records = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
                                               resources=self.resources)
         result = {"label": label, "version": await self.client.weight_version() if self.client else None,

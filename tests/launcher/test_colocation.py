@@ -180,7 +180,8 @@ def test_a_colocated_run_gives_both_sides_every_core(tmp_path: Path, tiny_model_
         pytest.skip("needs two cores to tell colocated from split")
     config = {
         "name": "colocated", "model": "tiny", "steps": 2, "runs_dir": str(tmp_path / "runs"),
-        "sft": {"enabled": False}, "engine": {"dtype": "float32"},
+        "sft": {"enabled": True, "steps": 2, "num_traces": 4, "batch_size": 2}, "engine": {"dtype": "float32"},
+        "data": {"num_heldout": 2},
         "rollout": {"n_samples": 2, "groups_per_step": 2, "max_new_tokens": 16, "max_turns": 2,
                     "max_response_tokens": 48, "max_context_tokens": 192},
         "trainer": {"micro_batch_tokens": 2048, "dtype": "fp32"},
@@ -204,3 +205,6 @@ def test_a_colocated_run_gives_both_sides_every_core(tmp_path: Path, tiny_model_
     assert engine["cores"] == cores and engine["omp_num_threads"] == "2"  # not Ray's 1, inherited from the actor
     assert applied["trainer"]["cores"] == cores and applied["trainer"]["torch_threads"] == 2
     assert yaml.safe_load((run / "config.yaml").read_text())["resources"]["placement"] == "colocated"
+    # colocated, the held-out evaluation of the base model first waits for SFT's v0 (wait_for_version): it ran.
+    # (Here SFT ends long before SGLang is up, so the order itself is not what this checks.)
+    assert summary["heldout_accuracy_before"] is not None and summary["heldout_accuracy_sft"] is not None
