@@ -122,9 +122,10 @@ def test_gpu_colocated_starts_sglang_with_the_memory_saver() -> None:
 
 
 def test_process_cores_reads_affinity_and_omp_threads() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                             env={**os.environ, "OMP_NUM_THREADS": "3"})
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                             env={**os.environ, "OMP_NUM_THREADS": "3"}, stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"  # running python, its environ set
         os.sched_setaffinity(child.pid, {sorted(os.sched_getaffinity(0))[0]})
         seen = process_cores(child.pid)
         assert seen["cores"] == [sorted(os.sched_getaffinity(0))[0]] and seen["omp_num_threads"] == "3"
