@@ -17,10 +17,10 @@ a first run pays (cold page cache, compiled kernels) and load that drifts favour
 warm-up run (each run starts its own servers and trainer: that start-up is outside ``rl_wall_s``). The headline
 is the median of the per-pair ratios of rollout tokens per second of RL wall time, async / sync (both modes do
 the same steps, so this is also the wall-clock speedup when both generate the same number of tokens), with its
-range. Note: sync here leaves the rollout's core idle while the trainer works and vice versa, by construction of
-the split placement; a colocated sync baseline (each phase on both cores) is the fair floor and is not measured
-here yet.
-Last line: ``async_speedup=… async_speedup_range=… rounds=… sync_s=… async_s=… tokens_per_s=…
+range. Sync with the split placement leaves the rollout's core idle while the trainer works and vice versa, by
+construction; ``--baseline colocated`` runs the fair floor instead: sync (η 0) with ``resources.placement:
+colocated``, both sides on both cores taking turns, each phase with two threads (``agentrl.launcher.colocation``).
+Last line: ``baseline=sync|colocated async_speedup=… async_speedup_range=… rounds=… sync_s=… async_s=… tokens_per_s=…
 sync_tokens_per_s=… cpu=… cores=… dtype=… commit=… sglang=… torch=…`` (target ≥ 1.6; benchmarks/_common.py).
 """
 
@@ -40,9 +40,12 @@ from _common import environment, interleaved, last_line  # this folder's
 from agentrl.launcher.config import load_config
 from agentrl.launcher.driver import run_training
 
+MODES = {"sync": (0, "split"), "async": (1, "split"), "colocated": (0, "colocated")}  # name: (η, placement)
+
 
 def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype: str, trainer_dtype: str,
-           update_mode: str, pause_mode: str, checkpoint_every: int, max_running_groups: int) -> dict:
+           update_mode: str, pause_mode: str, checkpoint_every: int, max_running_groups: int,
+           placement: str = "split") -> dict:
     return {
         "name": name, "runs_dir": runs, "model": model, "steps": steps, "seed": 0,
         "checkpoint_every": checkpoint_every,
@@ -55,7 +58,7 @@ def config(runs: str, name: str, eta: int, steps: int, model: str, engine_dtype:
                     "temperature": 1.0, "update_mode": update_mode, "pause_mode": pause_mode},
         "env": {"name": "retool", "options": {"format_weight": 0.1}},
         "trainer": {"optimizer": {"lr": 1e-6}, "micro_batch_tokens": 1024, "dtype": trainer_dtype},
-        "resources": {"rollout_cores": [0], "trainer_cores": [1]},
+        "resources": {"rollout_cores": [0], "trainer_cores": [1], "placement": placement},  # colocated: both on [0, 1]
         "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
         "log_rollouts": "none",
     }
@@ -78,6 +81,9 @@ def main() -> None:
                     help="how 'interrupt' pauses SGLang: retract recomputes the KV cache of in-flight requests on "
                          "the new weights, in_place keeps it (PipelineRL-style), abort resumes them client-side")
     ap.add_argument("--runs", type=int, default=3, help="alternating pairs of runs (≥ 3 for a figure to quote)")
+    ap.add_argument("--baseline", default="sync", choices=["sync", "colocated"],
+                    help="what async is compared with: sync on the split placement, or sync colocated (each phase "
+                         "on both cores)")
     ap.add_argument("--quick", action="store_true", help="a check that the script runs: 2 steps, 1 pair (not a figure)")
     args = ap.parse_args()
     if args.quick:
@@ -85,29 +91,29 @@ def main() -> None:
     env = environment(dtype=f"engine:{args.engine_dtype},trainer:{args.trainer_dtype}",
                       packages=("sglang", "torch", "transformers", "ray"))
     with tempfile.TemporaryDirectory() as runs:
-        count = {"sync": 0, "async": 0}
+        count = dict.fromkeys(MODES, 0)
 
         def run(mode: str) -> dict[str, Any]:
-            eta = 0 if mode == "sync" else 1
+            eta, placement = MODES[mode]
             name = f"{mode}-{count[mode]}"
             count[mode] += 1
             cfg = load_config(None, base=config(runs, name, eta, args.steps, args.model, args.engine_dtype,
                                                 args.trainer_dtype, args.update_mode, args.pause_mode,
-                                                args.checkpoint_every, args.max_running_groups))
+                                                args.checkpoint_every, args.max_running_groups, placement))
             summary = asyncio.run(run_training(cfg))
             rows = [json.loads(x) for x in (Path(runs) / name / "metrics.jsonl").read_text().splitlines()]
             shutil.rmtree(Path(runs) / name)  # its checkpoints (1.7 GB each): six runs would fill a small disk
             train_s = sum(r["time_s"] - r["wait_s"] for r in rows) / len(rows)  # a trainer step without waiting
             print(f"{name} per step (train s, wait s): "
                   f"{[(round(r['time_s'] - r['wait_s'], 1), round(r['wait_s'], 1)) for r in rows]}", flush=True)
-            print(f"{name:8s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
+            print(f"{name:11s} η={eta}  rl_wall_s={summary['rl_wall_s']:8.1f}  steps={summary['steps']}  "
                   f"train_step_s={train_s:5.1f}  trainer_wait_s={sum(r['wait_s'] for r in rows) / len(rows):5.1f}  "
                   f"staleness_max={summary['staleness_max']}  tokens={summary['rollout_model_tokens']}  "
                   f"reload_s={summary['reload_s_mean'] or 0:.2f}  episodes_restarted={summary['episodes_restarted']}",
                   flush=True)
             return summary
 
-        cmp = interleaved(args.runs, lambda: run("sync"), lambda: run("async"),
+        cmp = interleaved(args.runs, lambda: run(args.baseline), lambda: run("async"),
                           rate=lambda x: x["rollout_model_tokens"] / x["rl_wall_s"], warmup=False)
     sync_s = statistics.median(x["rl_wall_s"] for x in cmp.base)
     async_s = statistics.median(x["rl_wall_s"] for x in cmp.ours)
@@ -115,7 +121,7 @@ def main() -> None:
            for k, side in (("sync", cmp.base), ("async", cmp.ours))}
     print(json.dumps({"sync": [x["rl_wall_s"] for x in cmp.base], "async": [x["rl_wall_s"] for x in cmp.ours],
                       "staleness_max": [x["staleness_max"] for x in cmp.ours]}))
-    print(last_line({**cmp.fields("async_speedup"), "sync_s": sync_s, "async_s": async_s,
+    print(last_line({"baseline": args.baseline, **cmp.fields("async_speedup"), "sync_s": sync_s, "async_s": async_s,
                      "wall_speedup": sync_s / async_s, "tokens_per_s": tps["async"], "sync_tokens_per_s": tps["sync"],
                      "steps": args.steps, "model": args.model}, env))
 

@@ -278,6 +278,17 @@ class SGLangClient:
     async def abort_all(self) -> None:
         await self._call("POST", "/abort_request", json={"abort_all": True}, timeout_s=self.timeouts.control_s)
 
+    async def release_memory(self) -> None:
+        """``/release_memory_occupation``: SGLang frees its weights and KV cache for another process on its GPU
+        (started with ``--enable-memory-saver``; the server must be idle) until :meth:`resume_memory`. GPU only: a
+        CPU server of SGLang 0.5.23 dies of it (its scheduler calls ``torch.cuda.synchronize``), so callers check
+        the device first (:func:`agentrl.launcher.colocation.hands_over_memory`)."""
+        await self._call("POST", "/release_memory_occupation", json={}, timeout_s=self.timeouts.update_weights_s)
+
+    async def resume_memory(self) -> None:
+        """``/resume_memory_occupation``: take back what :meth:`release_memory` freed."""
+        await self._call("POST", "/resume_memory_occupation", json={}, timeout_s=self.timeouts.update_weights_s)
+
     async def flush_cache(self) -> None:
         await self._call("POST", "/flush_cache", timeout_s=self.timeouts.control_s)
 

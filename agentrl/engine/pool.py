@@ -223,6 +223,16 @@ class EnginePool:
             await self._fan_out(lambda c: c.resume(), "resume")
             self._paused = None
 
+    async def release_memory(self) -> None:
+        """Every server that is up frees its GPU memory for a colocated trainer (see
+        :meth:`SGLangClient.release_memory`)."""
+        async with self._lock:
+            await self._fan_out(lambda c: c.release_memory(), "release memory")
+
+    async def resume_memory(self) -> None:
+        async with self._lock:
+            await self._fan_out(lambda c: c.resume_memory(), "resume memory")
+
     async def abort_all(self) -> None:
         async with self._lock:
             await self._fan_out(lambda c: c.abort_all(), "abort all")

@@ -190,8 +190,15 @@ class ResourcesSection(_Section):
     for (``.options(resources=...)``), which put each side on the nodes that offer them, e.g. ``{"trainer_node":
     1}`` with ``ray start --resources '{"trainer_node": 2}'`` on the trainer's node; a local cluster is started
     with what they ask for. ``ray: false`` is debug mode (``agentrl train --debug``): everything in the
-    controller's process, no Ray (:mod:`agentrl.launcher.placement`)."""
+    controller's process, no Ray (:mod:`agentrl.launcher.placement`).
 
+    ``placement`` says whether the two sides divide the cores or take turns on all of them
+    (:mod:`agentrl.launcher.colocation`): ``split`` (each side on its own ``*_cores``), ``colocated`` (both on
+    every core, the union of ``rollout_cores`` and ``trainer_cores`` if given, phases strictly alternating: needs
+    ``rollout.max_staleness: 0``), ``auto`` (colocated when ``max_staleness`` is 0, else split; the choice and why
+    are logged and written to ``summary.json``)."""
+
+    placement: Literal["split", "colocated", "auto"] = "split"
     ray: bool = True
     ray_address: str | None = None
     trainer_world_size: int = Field(1, ge=1)
@@ -281,6 +288,20 @@ class RunConfig(_Section):
         if isinstance(value, dict) and "model" in value:
             raise ValueError("set the model at the top level (`model:`), not in the trainer section")
         return value
+
+    @model_validator(mode="after")
+    def _colocated_phases_alternate(self) -> RunConfig:
+        """Colocated sides take turns on the same cores (or GPU): only with η = 0 does the rollout wait for each
+        new version while the trainer steps, and the trainer for each batch while the rollout generates. With η ≥ 1
+        both phases run at once, each with threads for every core (twice as many threads as cores on CPU; on GPU
+        the trainer would step while SGLang holds its memory)."""
+        eta = self.rollout.scheduler.max_staleness
+        if self.resources.placement == "colocated" and eta != 0:
+            raise ValueError(f"resources.placement: colocated needs rollout.max_staleness: 0 (got {eta}): colocated "
+                             "sides take turns on the same cores, and with max_staleness >= 1 rollout and training "
+                             "overlap; set rollout.max_staleness=0, or resources.placement=split (or auto, which "
+                             "picks split for max_staleness >= 1)")
+        return self
 
     @model_validator(mode="after")
     def _trainer_scores_at_the_sampling_temperature(self) -> RunConfig:

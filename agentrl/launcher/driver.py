@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.hardware import engine_dtype, resolve_dtype
+from agentrl.launcher.colocation import PlacementChoice, resolve_placement
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.placement import nodes, place
@@ -94,16 +95,18 @@ async def run_training(cfg: RunConfig, *, resume: bool = False, overwrite: bool 
     if not r.ray and (r.rollout_cores or r.trainer_cores):
         logger.warning("debug mode: one process for everything; resources.rollout_cores/trainer_cores ignored")
         cfg = cfg.model_copy(update={"resources": r.model_copy(update={"rollout_cores": None, "trainer_cores": None})})
+    cfg, placement = resolve_placement(cfg)
     base_model = check_run(cfg)
     run_dir = cfg.run_dir().resolve()
     lock, point = claim_run_dir(run_dir, resume=resume, overwrite=overwrite)
     try:
-        return await _run(cfg, run_dir, base_model, point)
+        return await _run(cfg, run_dir, base_model, point, placement)
     finally:
         lock.close()
 
 
-async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoint | None) -> dict[str, Any]:
+async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoint | None,
+               placement: PlacementChoice) -> dict[str, Any]:
     from agentrl.launcher.report import summarize, write_report
 
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -130,6 +133,8 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         stack.callback(follow.cancel)
         heldout = cfg.data.num_heldout > 0
         if heldout and cfg.sft.enabled and "before" not in evals:
+            if cfg.resources.placement == "colocated":  # the phases take turns: SFT (→ v0) first, then this eval
+                await _first(rollout.wait_for_version(0), trainers)
             evals["before"] = await _first(_evaluate(rollout, "before", run_dir), trainers)
             _save_evals(run_dir, evals)
         if (heldout and "sft" not in evals) or point is None or point.version == 0:
@@ -159,6 +164,8 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
                             resumed_from_step=point.step if point is not None else None, carried_in=carried)
         summary["metrics_url"] = monitor.metrics_url
         summary["nodes"] = await nodes(rollout, trainers)
+        summary["placement"] = {**placement.as_dict(), "applied": {**await rollout.applied_placement(),
+                                                                   "trainer": _trainer_placement(run_dir)}}
         if sft_data is not None:
             summary["sft_data"] = sft_data.as_dict()  # traces, tokens, truncated (never dropped)
         summary["rl_wall_s"] = round(rl_wall_s, 2)
@@ -195,6 +202,13 @@ async def _evaluate(rollout: Any, label: str, run_dir: Path) -> dict[str, Any]:
     figures, records = await rollout.evaluate_heldout(label)
     write_records(run_dir / f"eval_{label}.jsonl", records)
     return dict(figures)
+
+
+def _trainer_placement(run_dir: Path) -> dict[str, Any] | None:
+    """The cores and torch threads trainer rank 0 ran with (it records them in ``logs/``; None if it did not,
+    e.g. on another node without a shared run directory)."""
+    path = run_dir / "logs" / "trainer-0.placement.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _saved_evals(run_dir: Path) -> dict[str, Any]:

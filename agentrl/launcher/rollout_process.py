@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
@@ -28,6 +29,7 @@ from agentrl.engine.weight_sync import Broadcast
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources, load_imports
 from agentrl.gateway import GatewayConfig, LocalGateway
+from agentrl.launcher.colocation import MemoryHandover, hands_over_memory, process_cores
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout import heldout_eval
 from agentrl.launcher.ledger import record_process
@@ -74,6 +76,7 @@ class RolloutWorker:
         self.resources: EnvResources | None = None
         self.scheduler: RolloutScheduler | None = None
         self.gateway: LocalGateway | None = None  # for agent environments
+        self._servers: list[SGLangServer] = []  # the servers started here (none with engine.url)
 
     async def start(self) -> str:
         """Start everything the rollout side needs; returns the engine URL."""
@@ -143,6 +146,7 @@ class RolloutWorker:
             server.start_background()
             servers.append(server)
         await asyncio.gather(*(s.wait_ready_async() for s in servers))
+        self._servers = servers
         logger.info("sglang ready on %s", ", ".join(s.url for s in servers))
         return servers
 
@@ -165,6 +169,10 @@ class RolloutWorker:
     async def load_version(self, version: int, timeout_s: float = 3600.0) -> int:
         """Wait for ``version`` in the registry and load it into the engine (no-op if it is the base model)."""
         return await self.load_weights(await self.registry.wait_for(version, timeout_s=timeout_s))
+
+    async def wait_for_version(self, version: int, timeout_s: float = 3600.0) -> int:
+        """Wait until ``version`` is published (without loading it); returns the version published."""
+        return (await self.registry.wait_for(version, timeout_s=timeout_s)).version
 
     async def load_weights(self, wv: WeightVersion) -> int:
         """Bring the servers to the published version ``wv`` by its transport; returns the version they serve."""
@@ -191,6 +199,7 @@ class RolloutWorker:
         """Greedy held-out evaluation on the engine's current weights: the figures and one record per task, which
         the controller writes to ``eval_<label>.jsonl`` (this node may share no directory with it)."""
         tasks = heldout_tasks(self.cfg)
+        logger.info("held-out eval %s starts: %d tasks", label, len(tasks))
         figures, records = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
                                               resources=self.resources)
         result = {"label": label, "version": await self.client.weight_version() if self.client else None,
@@ -205,13 +214,19 @@ class RolloutWorker:
         if r.skip_solved_window:
             tasks = SkipSolved(tasks, window=r.skip_solved_window, threshold=r.skip_solved_rate,
                                keep=r.skip_solved_keep, seed=self.cfg.seed)
+        sink: Any = self.queue
+        load: Any = self.load_weights
+        if hands_over_memory(self.cfg):  # GPU colocated: SGLang frees the GPU for each trainer step
+            handover = MemoryHandover(self.client, self.queue, self.load_weights,
+                                      groups_per_step=r.scheduler.groups_per_step)
+            sink, load = handover, handover.load_weights
         self.scheduler = RolloutScheduler(
             runner=self._runner(), engine=self.client, make_env=self._make_env, env_name=self.cfg.env.name,
-            tasks=tasks, sink=self.queue, weights=self.registry, config=r.scheduler,
+            tasks=tasks, sink=sink, weights=self.registry, config=r.scheduler,
             initial_version=await self.client.weight_version(),
             on_group=RolloutLog(self.run_dir / "rollouts.jsonl", self.cfg.log_rollouts)
             if self.cfg.log_rollouts != "none" else None,
-            load_weights=self.load_weights,
+            load_weights=load,
         )
         stats = await self.scheduler.run(total_groups=total_groups, final_version=final_version)
         return {"trajectories_produced": stats.trajectories_queued, "groups_queued": stats.groups_queued,
@@ -236,6 +251,12 @@ class RolloutWorker:
                 "solved_by_version": dict(s.solved_by_version) if s else {},
                 "version": self.scheduler.version if self.scheduler else None,
                 "queue_length": q.length, "queue_pending": q.pending}
+
+    async def applied_placement(self) -> dict[str, Any]:
+        """The cores this process and each SGLang server it started run on, and the servers' ``OMP_NUM_THREADS``:
+        what ``resources.placement`` gave the rollout side, as applied."""
+        return {"rollout": process_cores(os.getpid()),
+                "engine": [process_cores(s.pid) for s in self._servers if s.pid is not None]}
 
     async def queue_length(self) -> int:
         return (await self.queue.stats()).length

@@ -165,6 +165,7 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
                 logger.info("published v0: the base model %s", v0_path)
         policy = run_dir / "weights" / "v0" if (run_dir / "weights" / "v0" / "config.json").exists() else base_model
         with Trainer(cfg.trainer.for_model(str(policy))) as trainer:
+            _record_placement(run_dir, rank)
             weights = WeightShare(cfg, run_dir, trainer, r0)
             try:
                 if ckpt is not None:
@@ -195,6 +196,16 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
             await r0.registry.aclose()
         if handle is not None:
             await handle.aclose()
+
+
+def _record_placement(run_dir: Path, rank: int) -> None:
+    """Log and record (``logs/trainer-<rank>.placement.json``) the cores and torch threads this rank runs with:
+    what ``resources.placement`` gave it, as applied (:mod:`agentrl.launcher.colocation`)."""
+    placed = {"rank": rank, "pid": os.getpid(), "cores": sorted(os.sched_getaffinity(0)),
+              "torch_threads": torch.get_num_threads()}
+    logger.info("trainer rank %d: cores %s, %d torch threads", rank, placed["cores"], placed["torch_threads"])
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs" / f"trainer-{rank}.placement.json").write_text(json.dumps(placed))
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
