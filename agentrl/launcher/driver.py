@@ -7,7 +7,7 @@
        └─ RolloutActor (SGLang server, sandbox, rewards, RolloutScheduler) ─── trajectories ──┘
 
 Data never passes through the controller: trajectories go rollout → Redis → trainer, weights go trainer →
-``weights/v<N>/`` → SGLang (or, with ``weight_sync: distributed``, by broadcast). It only starts things, waits on
+``weights/v<N>/`` → SGLang (or, with ``weight_sync: distributed``, by broadcast; with ``tensor``, through shared memory). It only starts things, waits on
 them, collects small summaries and writes the report. Every process started is stopped at the end, also on Ctrl-C
 or an error (Ray actors with ``ray.kill``; the SGLang process groups they started from the rollout node's
 ``logs/processes.jsonl``, by a task on that node: :mod:`agentrl.launcher.ledger`).
