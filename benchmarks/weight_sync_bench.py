@@ -1,4 +1,4 @@
-"""Weight publish + SGLang reload: agentrl's two transports vs the raw floor, on one real SGLang server (CPU).
+"""Weight publish + SGLang reload: the three weight_sync transports vs the raw floor, on one real SGLang server (CPU).
 
 raw:          the FSDP2 full state dict gathered to rank 0, safetensors ``save_file`` into a folder (+ config), then
               SGLang ``/update_weights_from_disk``.
@@ -14,7 +14,9 @@ tensor:       ``weight_sync: tensor`` as a run does it: the same gather and cast
               (pause → begin → update_weights_from_tensor → end → continue). No file, no socket carries weights.
 
 Each round runs every path once, in an order rotated from round to round, after an untimed warm-up round; the
-per-round ratios are reported with their median and range. Last line: ``distributed_vs_disk=… tensor_vs_disk=…
+per-round ratios are reported with their median and range, for the whole (publish + reload) and for the reload
+alone (pause to resume: the window in which the servers generate nothing; the publish runs while they do). Last
+line: ``distributed_vs_disk=… tensor_vs_disk=… reload_distributed_vs_disk=… reload_tensor_vs_disk=…
 publish_reload_vs_raw=… disk_s=… distributed_s=… tensor_s=… raw_s=… model=… dtype=… cpu=… cores=… load=… commit=…
 torch=… sglang=…`` (``load``: the 1-minute load average at the start and the end; targets: distributed ≤ 1 and
 tensor ≤ 1 — at least as fast as disk —, publish_reload_vs_raw ≤ 1.5).
@@ -114,6 +116,7 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
         path = trainer.export_hf(work / f"v{version}", durable=False)
         await registry.publish(version, str(path), step=version, metrics={})
         wv = await registry.wait_for(version, timeout_s=60)
+        paused.append(time.perf_counter())
         await client.pause("abort")
         try:
             await client.update_weights(wv.path, wv.version)
@@ -125,6 +128,7 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
         sender.set_weights(version, sd, cast)
         await registry.publish(version, str(work / f"d{version}"), step=version, metrics={}, transport="distributed")
         wv = await registry.wait_for(version, timeout_s=60)
+        paused.append(time.perf_counter())
         await client.pause("abort")
         try:
             source = Broadcast(wv.version, lambda n: channel.offer(wv.version, world_size=n, timeout_s=60))
@@ -140,6 +144,7 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
         shm_sender.set_weights(version, sd, cast)
         await registry.publish(version, str(work / f"t{version}"), step=version, metrics={}, transport="tensor")
         wv = await registry.wait_for(version, timeout_s=60)
+        paused.append(time.perf_counter())
         await client.pause("abort")
         try:
             source = Tensors(wv.version, lambda n: shm_channel.tensors(wv.version, servers=n, timeout_s=60))
@@ -151,6 +156,8 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
         assert await client.weight_version() == version
 
     paths = {"raw": raw, "disk": disk, "distributed": distributed, "tensor": tensor}
+    paused: list[float] = []  # when each path's reload began (the rest of its time is the trainer's publish)
+    reload: dict[str, list[float]] = {k: [] for k in paths if k != "raw"}
     names = list(paths)
     try:
         for i in range(-1, rounds):  # round -1: warm-up, not timed
@@ -160,6 +167,8 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
                 await paths[name](i)
                 if i >= 0:
                     times[name].append(time.perf_counter() - t0)
+                    if name in reload:
+                        reload[name].append(time.perf_counter() - paused[-1])
                 for old in work.glob(f"{'raw' if name == 'raw' else 'v'}*"):
                     shutil.rmtree(old, ignore_errors=True)
             if i >= 0:
@@ -181,10 +190,16 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
     print(f"{'path':12s} {'median s':>9s} {'min s':>7s} {'max s':>7s}")
     for k, v in times.items():
         print(f"{k:12s} {med[k]:9.3f} {min(v):7.3f} {max(v):7.3f}")
+    for k, v in reload.items():
+        print(f"{k + ' reload':12s} {statistics.median(v):9.3f} {min(v):7.3f} {max(v):7.3f}  (pause to resume)")
+    per["tensor/disk reload"] = [a / b for a, b in zip(reload["tensor"], reload["disk"])]
+    per["distributed/disk reload"] = [a / b for a, b in zip(reload["distributed"], reload["disk"])]
     print("per round: " + "; ".join(f"{k} median {statistics.median(v):.2f} range {min(v):.2f}-{max(v):.2f}"
                                     for k, v in per.items()))
     print(f"distributed_vs_disk={statistics.median(per['distributed/disk']):.2f} "
           f"tensor_vs_disk={statistics.median(per['tensor/disk']):.2f} "
+          f"reload_distributed_vs_disk={statistics.median(per['distributed/disk reload']):.2f} "
+          f"reload_tensor_vs_disk={statistics.median(per['tensor/disk reload']):.2f} "
           f"publish_reload_vs_raw={statistics.median(per['disk/raw']):.2f} disk_s={med['disk']:.3f} "
           f"distributed_s={med['distributed']:.3f} tensor_s={med['tensor']:.3f} raw_s={med['raw']:.3f} model={model} "
           f"dtype={dtype} bucket_mb={bucket_mb:g} rounds={rounds} cpu={cpu_name().replace(' ', '_')} "

@@ -306,7 +306,7 @@ class WeightServer:
             await channel.answer(request, {"error": str(exc)})
             return
         await channel.answer(request, {"tensor": offer.to_dict()})
-        logger.debug("weights v%d: %d shared-memory payload(s) offered", offer.version, len(offer.payloads))
+        logger.info("weights v%d offered in shared memory to %d server(s)", offer.version, len(offer.payloads))
 
     async def _broadcast(self, channel: RequestChannel, request: Any) -> None:
         try:
