@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -35,9 +36,22 @@ import torch.multiprocessing  # noqa: F401  (registers torch's reductions with F
 from torch import Tensor
 from torch.multiprocessing.reductions import rebuild_storage_filename
 
+from agentrl.weight_sync import WeightSyncError
 
-def shared_bytes(nbytes: int) -> Tensor:
-    """A uint8 tensor of ``nbytes`` bytes backed by a named shm file (uninitialised)."""
+
+def shared_bytes(nbytes: int, shm_dir: str = "/dev/shm") -> Tensor:
+    """A uint8 tensor of ``nbytes`` bytes backed by a named shm file (uninitialised). WeightSyncError if ``shm_dir``
+    has not that much room: the file would be made anyway (sparse), and the first write past the room a SIGBUS."""
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError as exc:
+        raise WeightSyncError(f"shared memory is not available here ({shm_dir}: {exc}); weight_sync: tensor needs "
+                              "it: use weight_sync: distributed") from exc
+    free = st.f_bavail * st.f_frsize
+    if free < nbytes:
+        raise WeightSyncError(f"{shm_dir} has {free >> 20} MiB free, a weight snapshot needs {nbytes >> 20} MiB more "
+                              "(a version is held while the previous one is still being read): give the container "
+                              "more (docker --shm-size) or use weight_sync: distributed")
     storage = torch.UntypedStorage._new_using_filename_cpu(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from agentrl.trainer.shm import shared_bytes
 from agentrl.trainer.weight_sync import WeightSender, WeightServer, address_toward, flatten
 from agentrl.weight_sync import BucketMeta, TensorOffer, WeightSyncError, host_id
 
@@ -189,6 +190,13 @@ def test_a_tensor_offer_names_shared_memory_another_process_maps_and_frees_it_wh
     del snapshot
     sender.set_weights(3, sd)  # the offered snapshot is dropped; each payload's reference was given back
     assert not any(f.exists() for f in files)
+
+
+def test_shared_memory_without_the_room_is_refused_before_any_byte_is_written(tmp_path: Path) -> None:
+    with pytest.raises(WeightSyncError, match=r"MiB free, a weight snapshot needs .*--shm-size"):
+        shared_bytes(1 << 60)
+    with pytest.raises(WeightSyncError, match="shared memory is not available here"):
+        shared_bytes(1, shm_dir=str(tmp_path / "absent"))
 
 
 def test_a_tensor_offer_needs_shared_memory_and_a_server() -> None:
