@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import threading
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -52,8 +53,37 @@ def shared_bytes(nbytes: int, shm_dir: str = "/dev/shm") -> Tensor:
         raise WeightSyncError(f"{shm_dir} has {free >> 20} MiB free, a weight snapshot needs {nbytes >> 20} MiB more "
                               "(a version is held while the previous one is still being read): give the container "
                               "more (docker --shm-size) or use weight_sync: distributed")
+    _start_manager_quietly()
     storage = torch.UntypedStorage._new_using_filename_cpu(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+_manager_lock = threading.Lock()
+_manager_started = False  # per process, as torch's own manager is
+
+
+def _start_manager_quietly() -> None:
+    """Start torch's shm manager with its stdout and stderr on /dev/null. torch starts ``torch_shm_manager`` (the
+    daemon that unlinks a file once no process maps it) at a process's first named allocation, and it inherits
+    that process's stdout and stderr; it lives as long as any process that mapped our memory (the SGLang servers),
+    so whoever waits for the end of our output on a pipe (``subprocess.run(capture_output=True)``) would wait for
+    the servers to exit. While it starts, the other threads' prints go to /dev/null."""
+    global _manager_started
+    with _manager_lock:
+        if _manager_started:
+            return
+        saved = [os.dup(1), os.dup(2)]
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            torch.UntypedStorage._new_using_filename_cpu(1)  # starts the manager; freed at once
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, devnull):
+                os.close(fd)
+        _manager_started = True
 
 
 def _reduce_by_name(storage: torch.UntypedStorage) -> tuple[Any, tuple[Any, ...]]:

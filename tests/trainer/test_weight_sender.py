@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -220,3 +222,33 @@ def test_the_weight_server_answers_tensor_requests_and_refuses_a_version_it_does
     offer = TensorOffer.from_dict(offered["tensor"])
     assert offer.version == 4 and len(offer.payloads) == 3 and offer.host == host_id()
     assert "has v4, not v6" in newer["error"]
+
+
+HOLDER = """
+import base64, os, pickle, sys, time
+import torch
+named = pickle.loads(base64.b64decode(sys.argv[1]))  # mapped, as a server keeps it
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+SENDER = """
+import subprocess, sys
+from agentrl.trainer.shm import serialize, shared_bytes
+t = shared_bytes(1 << 20)
+holder = subprocess.Popen([sys.executable, "-c", sys.argv[1], serialize([("w", t[:16])])], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, start_new_session=True, text=True)
+print(holder.stdout.readline().strip(), flush=True)  # the holder's pid, once it has mapped the memory
+"""
+
+
+def test_the_trainers_output_ends_with_it_even_while_a_server_still_maps_its_memory() -> None:
+    """torch's shm manager outlives the trainer while a server maps its memory; it must not hold the trainer's
+    stdout/stderr (a parent reading them to the end would wait for the server)."""
+    done = subprocess.run([sys.executable, "-c", SENDER, HOLDER], capture_output=True, text=True, timeout=100)
+    holder = int(done.stdout.split()[0])
+    try:
+        assert done.returncode == 0, done.stderr
+        os.kill(holder, 0)  # still alive (and mapping) when our output ended
+    finally:
+        os.kill(holder, signal.SIGKILL)
