@@ -9,14 +9,21 @@ as it arrives. Three rooms take part, each with its own module:
     agentrl/queue/weight_sync.py     the request/reply channel in Redis (the rollout asks, the trainer offers)
     agentrl/engine/weight_sync.py    the receiver side: the SGLang HTTP calls, in order, on every server
 
+``weight_sync.mode: tensor`` is for servers on the trainer's host: the same snapshot lives in shared memory
+(``/dev/shm``) and the trainer answers with a :class:`TensorOffer`, one payload per server that names the memory
+(SGLang's ``/update_weights_from_tensor``: handles, no weight bytes); each server maps it and loads from it.
+
 This module is the one contract between them, a plain JSON document (it travels through Redis), so that the
 trainer never imports the engine and the engine never imports the trainer or the queue.
 """
 
 from __future__ import annotations
 
+import functools
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, InfrastructureError
@@ -98,6 +105,38 @@ class WeightOffer:
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"malformed weight offer ({exc!r}): expected the fields of WeightOffer, got "
                               f"{sorted(d)}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class TensorOffer:
+    """``version`` in the shared memory of ``host`` (:func:`host_id`): ``payloads[i]`` is server i's argument to
+    ``/update_weights_from_tensor`` (each may be used once: it holds one reference to the memory it names)."""
+
+    version: int
+    host: str
+    payloads: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "host": self.host, "payloads": list(self.payloads)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TensorOffer:
+        try:
+            return cls(version=int(d["version"]), host=str(d["host"]), payloads=tuple(map(str, d["payloads"])))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"malformed tensor offer ({exc!r}): expected the fields of TensorOffer, got "
+                              f"{sorted(d)}") from exc
+
+
+@functools.cache
+def host_id() -> str:
+    """This machine, as two processes compare it to tell whether they can share memory: the host name and the
+    kernel's boot id (two machines differ in both; the same name on two machines still differs in the boot id)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "no-boot-id"
+    return f"{socket.gethostname()}/{boot}"
 
 
 def plan_buckets(named: Sequence[tuple[str, str, tuple[int, ...]]], bucket_bytes: int) -> list[BucketMeta]:

@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.launcher.config import load_config
-from agentrl.weight_sync import BucketMeta, WeightOffer, plan_buckets
+from agentrl.weight_sync import BucketMeta, TensorOffer, WeightOffer, plan_buckets
 
 
 def test_buckets_keep_the_order_hold_one_dtype_and_stay_under_the_size() -> None:
@@ -62,3 +62,21 @@ def test_the_run_config_takes_the_mode_shorthand_and_the_full_section(tmp_path) 
         load_config(None, ["weight_sync.mode=nfs"])
     with pytest.raises(ConfigError, match="did you mean 'weight_sync.bucket_mb'"):
         load_config(None, ["weight_sync.bucket_size=64"])
+
+
+def test_a_tensor_offer_goes_through_json_unchanged_and_a_malformed_one_is_refused() -> None:
+    offer = TensorOffer(version=4, host="node/boot", payloads=("gASV", "gASW"))
+    assert TensorOffer.from_dict(offer.to_dict()) == offer
+    with pytest.raises(ConfigError, match="malformed tensor offer.*'host', 'version'"):
+        TensorOffer.from_dict({"version": 4, "host": "node/boot"})
+
+
+def test_weight_sync_tensor_is_refused_for_servers_or_placements_off_the_trainers_host() -> None:
+    assert load_config(None, ["weight_sync=tensor"]).weight_sync.mode == "tensor"
+    assert load_config(None, ["weight_sync=tensor", "engine.url=http://127.0.0.1:30000,http://localhost:30001"])
+    with pytest.raises(ConfigError, match="must run on its host; engine.url names http://10.0.0.7:30000"):
+        load_config(None, ["weight_sync=tensor", "engine.url=http://127.0.0.1:30000,http://10.0.0.7:30000"])
+    assert load_config(None, ["weight_sync=distributed", "engine.url=http://10.0.0.7:30000"])
+    with pytest.raises(ConfigError, match="place them on different nodes"):
+        load_config(None, ["weight_sync=tensor", "resources.trainer_resources={trainer_node: 1}",
+                           "resources.rollout_resources={rollout_node: 1}"])

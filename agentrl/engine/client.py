@@ -223,6 +223,15 @@ class SGLangClient:
             **({"weight_version": str(version)} if last else {})}, f"receive weights ({len(names)} tensors)",
             timeout_s)
 
+    async def load_weight_tensors(self, payload: str, *, version: int, timeout_s: float) -> None:
+        """Load weights from memory this host shares (``payload``: handles to it, from the trainer's
+        :class:`agentrl.weight_sync.TensorOffer`) and serve them as ``version``; inside a weight-update session,
+        flushing the cache as :meth:`receive_weight_bucket` does."""
+        await self._checked("/update_weights_from_tensor", {
+            "serialized_named_tensors": [payload], "load_format": None,
+            "flush_cache": self._paused != "in_place", "weight_version": str(version)},
+            f"load weights v{version} from shared memory", timeout_s)
+
     async def _checked(self, path: str, body: dict[str, Any], what: str, timeout_s: float) -> None:
         out = await self._call("POST", path, json=body, timeout_s=timeout_s)
         if not out.get("success", False):

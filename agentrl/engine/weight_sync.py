@@ -8,6 +8,10 @@
           ─► per bucket: update_weights_from_distributed  ║ the trainer broadcasts that bucket meanwhile
           ─► end_weight_update ─► destroy_weights_update_group
 
+    Tensors(version, ...)       ``weight_sync: tensor``, servers on the trainer's host: ask the trainer for a
+                                :class:`~agentrl.weight_sync.TensorOffer` (its snapshot's shared-memory names), then
+        begin_weight_update ─► update_weights_from_tensor (server i: payload i) ─► end_weight_update
+
 A failed broadcast is torn down on the servers (the session ended, the group left). A server whose call timed out
 may be stuck inside a collective (SGLang's own end of the group has torch's 30-minute timeout) and is reported
 as unreachable, so the pool takes it out and restarts it. A broadcast the servers refused (a peer that never
@@ -31,7 +35,7 @@ from typing import Any, Protocol
 from agentrl.engine.base import EngineTimeout, EngineUnavailable
 from agentrl.engine.client import SGLangClient
 from agentrl.errors import EngineError
-from agentrl.weight_sync import WeightOffer, WeightSyncError
+from agentrl.weight_sync import TensorOffer, WeightOffer, WeightSyncError, host_id
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +133,43 @@ class Broadcast:
             return outcome
         ended = await each(clients, lambda _, c: c.end_weight_update())
         await _leave([c for c, r in zip(clients, ended) if not _stuck(r)], offer.group)
+        if not _failed(ended):
+            self.version = offer.version
+        return ended
+
+
+TensorOfferFn = Callable[[int], Awaitable[TensorOffer]]  # servers -> the trainer's shared-memory offer
+
+
+class Tensors(Broadcast):
+    """Weights from the trainer's shared memory (see the module docstring): attempts, the fallback to disk and
+    the bounds are :class:`Broadcast`'s; an offer from another host fails at once (its memory is not ours)."""
+
+    def __init__(self, version: int, offer: TensorOfferFn, *, export: ExportFn | None = None, attempts: int = 2,
+                 margin_s: float = 30.0, timeout_s: float = 120.0) -> None:
+        super().__init__(version, offer, export=export, attempts=attempts, margin_s=margin_s)  # type: ignore[arg-type]
+        self._tensor_offer = offer
+        self.timeout_s = timeout_s  # each server's load, plus margin_s
+
+    async def _attempt(self, clients: Sequence[SGLangClient]) -> Outcome:
+        began = await each(clients, lambda _, c: c.begin_weight_update())
+        if _failed(began):
+            await _end(clients, began)
+            return began
+        try:
+            offer = await self._tensor_offer(len(clients))
+            if offer.host != host_id():
+                raise WeightSyncError(f"weight_sync: tensor needs the trainer on the servers' host, but the trainer "
+                                      f"is on {offer.host} and this process on {host_id()}: use weight_sync: "
+                                      "distributed across hosts")
+        except WeightSyncError as exc:
+            await _end(clients, began)
+            return [EngineError(str(exc))] * len(clients)
+        loaded = await each(clients, lambda i, c: c.load_weight_tensors(
+            offer.payloads[i], version=offer.version, timeout_s=self.timeout_s + self.margin_s))
+        ended = await each([c for c, r in zip(clients, loaded) if not _stuck(r)], lambda _, c: c.end_weight_update())
+        if _failed(loaded):
+            return loaded
         if not _failed(ended):
             self.version = offer.version
         return ended

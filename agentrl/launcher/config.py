@@ -7,10 +7,12 @@ Each component's constructor gets only its own section. The resolved configurati
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import (
@@ -304,6 +306,25 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _tensor_sync_stays_on_one_host(self) -> RunConfig:
+        """``weight_sync: tensor`` shares the trainer's memory, so the servers must be on the trainer's host: a
+        running server named by a non-local URL, or trainer and rollout placed on nodes with different resources,
+        cannot be (a placement it cannot see here is checked at each update, which then falls back to disk)."""
+        if self.weight_sync.mode != "tensor":
+            return self
+        remote = [u for u in (u.strip() for u in (self.engine.url or "").split(",")) if u and not _local_url(u)]
+        if remote:
+            raise ValueError(f"weight_sync: tensor loads weights from the trainer's shared memory, so the servers "
+                             f"must run on its host; engine.url names {', '.join(remote)}: use weight_sync: "
+                             "distributed (or disk with a shared filesystem)")
+        r = self.resources
+        if r.trainer_resources and r.rollout_resources and not set(r.trainer_resources) & set(r.rollout_resources):
+            raise ValueError(f"weight_sync: tensor needs the trainer and the servers on one host, but "
+                             f"resources.trainer_resources {r.trainer_resources} and rollout_resources "
+                             f"{r.rollout_resources} place them on different nodes: use weight_sync: distributed")
+        return self
+
+    @model_validator(mode="after")
     def _trainer_scores_at_the_sampling_temperature(self) -> RunConfig:
         """The trainer's log-probs must be those of the distribution the engine sampled from (logits / T), or
         every importance ratio is off by the temperature: ``trainer.loss.temperature`` follows
@@ -342,6 +363,11 @@ class RunConfig(_Section):
         if self.name:
             return self
         return self.model_copy(update={"name": f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"})
+
+
+def _local_url(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in ("localhost", "::1", "0.0.0.0", socket.gethostname()) or host.startswith("127.")
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None,

@@ -7,10 +7,11 @@
        └─ RolloutActor (SGLang server, sandbox, rewards, RolloutScheduler) ─── trajectories ──┘
 
 Data never passes through the controller: trajectories go rollout → Redis → trainer, weights go trainer →
-``weights/v<N>/`` → SGLang (or, with ``weight_sync: distributed``, by broadcast). It only starts things, waits on
-them, collects small summaries and writes the report. Every process started is stopped at the end, also on Ctrl-C
-or an error (Ray actors with ``ray.kill``; the SGLang process groups they started from the rollout node's
-``logs/processes.jsonl``, by a task on that node: :mod:`agentrl.launcher.ledger`).
+``weights/v<N>/`` → SGLang (or, with ``weight_sync: distributed``, by broadcast; with ``tensor``, through shared
+memory). It only starts things, waits on them, collects small summaries and writes the report. Every process
+started is stopped at the end, also on Ctrl-C or an error (Ray actors with ``ray.kill``; the SGLang process groups
+they started from the rollout node's ``logs/processes.jsonl``, by a task on that node:
+:mod:`agentrl.launcher.ledger`).
 
 Files: the controller shares the run directory with the trainer's ranks (it writes ``sft_traces.jsonl`` for
 them, reads rank 0's ``metrics.jsonl`` and, for ``--resume``, their ``checkpoints/``, which every rank writes a

@@ -25,7 +25,7 @@ from agentrl.async_rollout.agent_episode import AgentRunner
 from agentrl.engine import EnginePool, SGLangClient, SGLangServer, pool_configs
 from agentrl.engine.recording import RecordingEngine
 from agentrl.engine.router import SGLangRouter
-from agentrl.engine.weight_sync import Broadcast
+from agentrl.engine.weight_sync import Broadcast, Tensors
 from agentrl.env import default_registry
 from agentrl.env.registry import EnvResources, load_imports
 from agentrl.gateway import GatewayConfig, LocalGateway
@@ -108,7 +108,7 @@ class RolloutWorker:
         stack.push_async_callback(self.queue.aclose)
         self.registry = WeightRegistry(handle.client, registry_namespace(cfg.name))
         stack.push_async_callback(self.registry.aclose)
-        self.channel = SyncChannel(handle.client, registry_namespace(cfg.name))  # weight_sync: distributed
+        self.channel = SyncChannel(handle.client, registry_namespace(cfg.name))  # weight_sync: distributed/tensor
         self.resources = await make_env_resources(cfg, stack)
         if agent:  # agent episodes talk to the engine through the gateway, served here once for all of them
             self.gateway = LocalGateway(self.engine, self.tok, self._gateway_config())
@@ -181,7 +181,7 @@ class RolloutWorker:
                                       and Path(wv.path).resolve() == resolve_model(self.cfg.model).resolve()):
             await self.client.set_weight_version(wv.version)
             return wv.version
-        if wv.transport == "distributed":
+        if wv.transport in ("distributed", "tensor"):
             ws, channel, version = self.cfg.weight_sync, self.channel, wv.version
             # the trainer's weight server answers at once unless it is sending another broadcast (≤ timeout_s)
             ask_s = 2 * ws.timeout_s + 30.0
@@ -189,9 +189,14 @@ class RolloutWorker:
             async def export() -> tuple[str, int]:
                 return await channel.export(version, timeout_s=ask_s)
 
+            fallback = export if ws.fallback == "disk" else None
+            if wv.transport == "tensor":
+                return await self.client.load_weights(Tensors(
+                    version, lambda n: channel.tensors(version, servers=n, timeout_s=ask_s), export=fallback,
+                    attempts=ws.attempts, timeout_s=ws.timeout_s))
             return await self.client.load_weights(Broadcast(
-                version, lambda n: channel.offer(version, world_size=n, timeout_s=ask_s),
-                export=export if ws.fallback == "disk" else None, attempts=ws.attempts))
+                version, lambda n: channel.offer(version, world_size=n, timeout_s=ask_s), export=fallback,
+                attempts=ws.attempts))
         await self.client.update_weights(wv.path, wv.version)
         return wv.version
 

@@ -94,12 +94,14 @@ class WeightShare:
     disk: each version is exported to ``weights/v<N>``. distributed: rank 0 keeps the newest version in memory
     (cast to the engine's dtype: the servers cast it so anyway) and a :class:`WeightServer` thread broadcasts it
     whenever the rollout side asks (a new version, or a restarted server); nothing is written unless the rollout
-    side falls back to disk."""
+    side falls back to disk. tensor: the same, the memory shared (``/dev/shm``) and named to the servers instead of
+    broadcast."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None) -> None:
         self.trainer = trainer
         ws = cfg.weight_sync
-        self.distributed = ws.mode == "distributed"
+        self.mode = ws.mode
+        self.distributed = ws.mode != "disk"  # held in memory (distributed or tensor)
         self.dtype = _ENGINE_DTYPES.get(cfg.engine.server.dtype)
         self.server: WeightServer | None = None
         if self.distributed and r0 is not None:
@@ -107,7 +109,8 @@ class WeightShare:
             backend = ws.backend if ws.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
             address = ws.address or address_toward(urlparse(r0.redis_url).hostname or "127.0.0.1")
             sender = WeightSender(address=address, backend=backend, bucket_bytes=int(ws.bucket_mb * 2**20),
-                                  timeout_s=ws.timeout_s, device=device if backend == "nccl" else None)
+                                  timeout_s=ws.timeout_s, device=device if backend == "nccl" else None,
+                                  shared_memory=ws.mode == "tensor")
             url, namespace = r0.redis_url, registry_namespace(cfg.name)
 
             async def connect() -> SyncChannel:
@@ -115,11 +118,11 @@ class WeightShare:
 
             self.server = WeightServer(sender, connect, export_dir=run_dir / "weights",
                                        write=lambda sd, path: trainer.write_hf(dict(sd), path)).start()
-            logger.info("weight sync: distributed (%s), servers connect to %s", backend, address)
+            logger.info("weight sync: %s (%s), servers connect to %s", ws.mode, backend, address)
 
     @property
     def transport(self) -> str:
-        return "distributed" if self.distributed else "disk"
+        return self.mode
 
     def share(self, version: int, target: Path) -> None:
         """Make ``version`` (the trainer's current weights) available: written to ``target``, or held for

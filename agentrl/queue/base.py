@@ -72,8 +72,8 @@ class WeightVersion:
     """One published set of weights: where they are, which trainer step made them, when, and its metrics.
 
     ``transport`` says how the rollout side gets them: ``disk`` (load the HF folder ``path``), ``distributed`` (ask
-    the trainer for a broadcast, :mod:`agentrl.queue.weight_sync`; ``path`` is where the trainer would write them)
-    or ``base`` (the weights the servers were started with: nothing to load)."""
+    the trainer for a broadcast, :mod:`agentrl.queue.weight_sync`; ``path`` is where the trainer would write them),
+    ``tensor`` (the same, but ask for its shared memory: servers on the trainer's host) or ``base`` (the weights the servers were started with: nothing to load)."""
 
     version: int
     path: str

@@ -29,7 +29,7 @@ from agentrl.queue.retry import RetryPolicy
 log = logging.getLogger(__name__)
 
 
-TRANSPORTS = ("disk", "distributed", "base")
+TRANSPORTS = ("disk", "distributed", "tensor", "base")
 
 
 class VersionWaitTimeout(WeightVersionError, TimeoutError):

@@ -6,8 +6,10 @@ Keys under the run's registry namespace N::
     N:sync:requests        list   JSON requests (LPUSH by the rollout; the trainer BRPOPs the oldest)
     N:sync:reply:<id>      list   the one JSON answer to request <id>, expiring after ``reply_ttl_s``
 
-A request is ``{"id", "kind": "broadcast" | "export", "version", "world_size", "deadline"}``; the answer is
-``{"offer": WeightOffer}`` (broadcast: the newest weights the trainer has, at least ``version``), ``{"path": ...}``
+A request is ``{"id", "kind": "broadcast" | "tensor" | "export", "version", "world_size", "deadline"}``; the answer
+is ``{"offer": WeightOffer}`` (broadcast: the newest weights the trainer has, at least ``version``), ``{"tensor":
+TensorOffer}`` (``weight_sync: tensor``: one shared-memory payload per server; ``world_size`` counts servers only),
+``{"path": ...}``
 (export: the trainer wrote its newest weights there, on its own filesystem) or ``{"error": ...}``. The trainer skips
 a request whose ``deadline`` (wall clock) has passed: whoever asked has given up on it.
 
@@ -29,9 +31,9 @@ import redis.asyncio
 
 from agentrl.queue._connection import make_client
 from agentrl.queue.retry import RetryPolicy
-from agentrl.weight_sync import WeightOffer, WeightSyncError
+from agentrl.weight_sync import TensorOffer, WeightOffer, WeightSyncError
 
-Kind = Literal["broadcast", "export"]
+Kind = Literal["broadcast", "tensor", "export"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,11 @@ class SyncChannel:
         """Ask for a broadcast of ``version`` (or newer) to ``world_size - 1`` servers."""
         return WeightOffer.from_dict((await self.ask("broadcast", version=version, world_size=world_size,
                                                      timeout_s=timeout_s))["offer"])
+
+    async def tensors(self, version: int, *, servers: int, timeout_s: float) -> TensorOffer:
+        """Ask for ``version`` (or newer) in shared memory, one payload for each of ``servers`` servers."""
+        return TensorOffer.from_dict((await self.ask("tensor", version=version, world_size=servers,
+                                                     timeout_s=timeout_s))["tensor"])
 
     async def export(self, version: int, *, timeout_s: float) -> tuple[str, int]:
         """Ask the trainer to write its newest weights (``version`` or newer) to disk; returns where, and which."""

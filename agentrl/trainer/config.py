@@ -194,12 +194,15 @@ class WeightSyncSettings(_Strict):
     needs a filesystem both sides see. ``distributed``: no shared filesystem; the trainer keeps the newest weights in
     memory (one CPU copy on rank 0, in the engine's dtype) and broadcasts them over a process group it forms with
     the servers per update (:mod:`agentrl.weight_sync`); a failed broadcast is tried ``attempts`` times with a new
-    group, then falls back to disk when ``fallback: disk`` and the folder is readable on the rollout's node."""
+    group, then falls back to disk when ``fallback: disk`` and the folder is readable on the rollout's node.
+    ``tensor``: the servers on the trainer's host; the same snapshot, in shared memory (``/dev/shm``), and each
+    server loads it from there (SGLang's ``/update_weights_from_tensor``): no file and no socket carries the
+    weights. Same attempts, timeout and fallback as ``distributed``."""
 
-    mode: Literal["disk", "distributed"] = "disk"
+    mode: Literal["disk", "distributed", "tensor"] = "disk"
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl when the trainer runs on CUDA, else gloo
     bucket_mb: float = Field(default=512.0, gt=0)  # one broadcast carries at most this many MiB of one dtype
-    timeout_s: float = Field(default=120.0, gt=0)  # every step of a broadcast (group formation, each bucket)
+    timeout_s: float = Field(default=120.0, gt=0)  # every step of a broadcast (group formation, each bucket) or load
     # what the servers connect to (the trainer's rank-0 node); null: this node's address toward the Redis server
     address: str | None = None
     attempts: int = Field(default=2, ge=1)  # broadcasts tried (each with a fresh group) before the fallback

@@ -7,6 +7,9 @@ servers when the rollout side asks (the protocol is in :mod:`agentrl.weight_sync
     send(pending)                  a group of ``world_size`` (rank 0 = this process), one broadcast per bucket,
                                    then the group is destroyed
 
+With ``shared_memory=True`` (``weight_sync: tensor``) the snapshot's buffers are named shm files
+(:mod:`agentrl.trainer.shm`) and :meth:`WeightSender.tensor_offer` hands servers on this host their names instead.
+
 Every step is bounded by ``timeout_s``: the group is created with it as its timeout, so a peer that never joins,
 or stops receiving, fails :meth:`WeightSender.send` within it instead of hanging; on any failure the group and its
 store are torn down (the servers' side is the rollout's to tear down, see :mod:`agentrl.engine.weight_sync`).
@@ -37,7 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from agentrl.weight_sync import BucketMeta, WeightOffer, WeightSyncError, plan_buckets
+from agentrl.trainer.shm import serialize, shared_bytes
+from agentrl.weight_sync import BucketMeta, TensorOffer, WeightOffer, WeightSyncError, host_id, plan_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -98,11 +102,13 @@ def close_group(pg: dist.ProcessGroup | None) -> None:
         logger.warning("destroying a weight-sync group failed: %s", exc)
 
 
-def flatten(tensors: Mapping[str, Tensor], bucket: BucketMeta) -> tuple[Tensor, dict[str, Tensor]]:
+def flatten(tensors: Mapping[str, Tensor], bucket: BucketMeta, *,
+            shared: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
     """The bucket's tensors as one uint8 tensor, end to end in its order (SGLang's ``FlattenedTensorBucket``),
-    each cast to the bucket's dtype on the way in (one pass: cast and copy fused), and the tensors as views of it."""
+    each cast to the bucket's dtype on the way in (one pass: cast and copy fused), and the tensors as views of it.
+    ``shared``: the uint8 tensor is a named shm file (:func:`agentrl.trainer.shm.shared_bytes`)."""
     dtype = getattr(torch, bucket.dtype)
-    flat = torch.empty(bucket.nbytes, dtype=torch.uint8)
+    flat = shared_bytes(bucket.nbytes) if shared else torch.empty(bucket.nbytes, dtype=torch.uint8)
     views, offset = {}, 0
     for name, shape in zip(bucket.names, bucket.shapes):
         t = tensors[name]
@@ -120,8 +126,9 @@ class WeightSender:
     serves requests (:class:`agentrl.launcher.trainer_process` runs it beside the training loop)."""
 
     def __init__(self, *, address: str, backend: str = "gloo", bucket_bytes: int = 512 << 20,
-                 timeout_s: float = 120.0, device: torch.device | None = None) -> None:
+                 timeout_s: float = 120.0, device: torch.device | None = None, shared_memory: bool = False) -> None:
         self.address = address
+        self.shared_memory = shared_memory  # snapshots in /dev/shm, for tensor_offer
         self.backend = backend
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
@@ -145,7 +152,7 @@ class WeightSender:
         buckets = tuple(plan_buckets(named, self.bucket_bytes))
         flat, views = [], {}
         for bucket in buckets:
-            f, v = flatten(tensors, bucket)
+            f, v = flatten(tensors, bucket, shared=self.shared_memory)
             flat.append(f)
             views.update(v)
         snap = _Snapshot(int(version), views, buckets, tuple(flat))
@@ -170,6 +177,19 @@ class WeightSender:
                             world_size=world_size, backend=self.backend, timeout_s=self.timeout_s,
                             buckets=snap.buckets)
         return PendingSend(offer, store, snap)
+
+    def tensor_offer(self, servers: int) -> TensorOffer:
+        """The newest weights as ``servers`` payloads naming their shared memory, one per server (each holds a
+        reference to the memory until that server has mapped it: :mod:`agentrl.trainer.shm`)."""
+        if not self.shared_memory:
+            raise WeightSyncError("this trainer keeps its weights in private memory (weight_sync: distributed); "
+                                  "a tensor offer needs them in shared memory (weight_sync: tensor)")
+        if servers < 1:
+            raise WeightSyncError(f"a tensor offer is for at least one server, got {servers}")
+        snap = self._current()
+        named = list(snap.tensors.items())
+        return TensorOffer(version=snap.version, host=host_id(), payloads=tuple(serialize(named)
+                                                                               for _ in range(servers)))
 
     def send(self, pending: PendingSend) -> float:
         """Form the group and broadcast every bucket; returns the seconds it took. Raises WeightSyncError (after
@@ -219,8 +239,8 @@ class RequestChannel(Protocol):
 
 class WeightServer:
     """Answers weight requests from a thread of its own (with its own event loop and Redis connection), so they
-    are served while the training thread computes a step: a broadcast of the newest snapshot, or (the fallback)
-    an export of it to ``export_dir/v<N>`` through ``write(tensors, path)``."""
+    are served while the training thread computes a step: a broadcast of the newest snapshot, its shared-memory
+    names (``tensor``), or (the fallback) an export of it to ``export_dir/v<N>`` through ``write(tensors, path)``."""
 
     def __init__(self, sender: WeightSender, connect: Callable[[], Awaitable[RequestChannel]], *,
                  export_dir: Path, write: Callable[[Mapping[str, Tensor], Path], Any]) -> None:
@@ -258,15 +278,37 @@ class WeightServer:
 
     async def _serve(self, channel: RequestChannel, request: Any) -> None:
         if request.kind == "export":
-            try:
-                version, tensors = self.sender.snapshot()
-                path = self._export_dir / f"v{version}"
-                await asyncio.to_thread(self._write, tensors, path)
-            except Exception as exc:
-                await channel.answer(request, {"error": f"exporting the weights failed: {exc!r}"})
-                return
-            await channel.answer(request, {"path": str(path), "version": version})
+            await self._export(channel, request)
+        elif request.kind == "tensor":
+            await self._tensors(channel, request)
+        else:
+            await self._broadcast(channel, request)
+
+    async def _export(self, channel: RequestChannel, request: Any) -> None:
+        try:
+            version, tensors = self.sender.snapshot()
+            path = self._export_dir / f"v{version}"
+            await asyncio.to_thread(self._write, tensors, path)
+        except Exception as exc:
+            await channel.answer(request, {"error": f"exporting the weights failed: {exc!r}"})
             return
+        await channel.answer(request, {"path": str(path), "version": version})
+
+    async def _tensors(self, channel: RequestChannel, request: Any) -> None:
+        have = self.sender.version  # checked first: an offer made takes references a refusal would leak
+        if have is not None and have < request.version:
+            await channel.answer(request, {"error": f"the trainer has v{have}, not v{request.version} yet: ask "
+                                                    "again once it is published"})
+            return
+        try:
+            offer = self.sender.tensor_offer(request.world_size)
+        except WeightSyncError as exc:
+            await channel.answer(request, {"error": str(exc)})
+            return
+        await channel.answer(request, {"tensor": offer.to_dict()})
+        logger.info("weights v%d offered in shared memory to %d server(s)", offer.version, len(offer.payloads))
+
+    async def _broadcast(self, channel: RequestChannel, request: Any) -> None:
         try:
             pending = self.sender.offer(request.world_size)
         except WeightSyncError as exc:

@@ -1,7 +1,8 @@
 """The rollout side of ``weight_sync: distributed`` with fake servers (agentrl.engine.weight_sync): the order of the
 calls on every server, a fresh group per attempt, the fallback to disk, servers stuck in a collective reported for
-a restart, and the pool bringing a restarted server to the current weights through the same broadcast. The real
-server is in test_weight_sync_sglang.py."""
+a restart, and the pool bringing a restarted server to the current weights through the same broadcast; the
+``tensor`` source's calls, an offer from another host refused, its fallback. The real server is in
+test_weight_sync_sglang.py."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from test_pool_logic import FAST, make_pool
 
 from agentrl.engine.base import EngineTimeout
 from agentrl.engine.pool import MemberState
-from agentrl.engine.weight_sync import Broadcast
+from agentrl.engine.weight_sync import Broadcast, Tensors
 from agentrl.errors import EngineError
-from agentrl.weight_sync import BucketMeta, WeightOffer, WeightSyncError
+from agentrl.weight_sync import BucketMeta, TensorOffer, WeightOffer, WeightSyncError, host_id
 
 BUCKETS = (BucketMeta(("a",), "float32", ((2,),)), BucketMeta(("b", "c"), "bfloat16", ((3,), (1, 2))))
 
@@ -53,6 +54,10 @@ class Server:
 
     async def update_weights(self, path: str, version: int) -> None:
         await self._do("disk", path, version)
+        self.version = version
+
+    async def load_weight_tensors(self, payload: str, *, version: int, timeout_s: float) -> None:
+        await self._do("tensor", payload, version, timeout_s)
         self.version = version
 
 
@@ -162,3 +167,58 @@ async def test_the_pool_restarts_a_stuck_server_and_brings_it_back_by_broadcast(
     rejoin = [c for c in log if c[0] == "http://s1" and c[1] == "init"][-1]
     assert rejoin[2:4] == (1, 2)  # a group of the trainer and the restarted server alone
     assert stuck.shim.version == 4
+
+
+def tensor_trainer(version: int, host: str | None = None) -> tuple[list[int], Any]:
+    asked: list[int] = []
+
+    async def offer(servers: int) -> TensorOffer:
+        asked.append(servers)
+        return TensorOffer(version=version, host=host or host_id(), payloads=tuple(f"p{i}" for i in range(servers)))
+
+    return asked, offer
+
+
+async def test_each_server_loads_its_own_tensor_payload_inside_a_session_and_serves_the_offered_version() -> None:
+    log: list[tuple[Any, ...]] = []
+    servers = [Server("s0", log), Server("s1", log)]
+    asked, offer = tensor_trainer(version=6)
+    source = Tensors(5, offer, timeout_s=20.0, margin_s=5.0)
+    assert await source.load(servers) == [None, None]  # type: ignore[arg-type]
+    assert asked == [2] and source.version == 6
+    for i, s in enumerate(servers):
+        assert [c[1:] for c in log if c[0] == s.url] == [("begin",), ("tensor", f"p{i}", 6, 25.0), ("end",)]
+        assert s.version == 6
+
+
+async def test_a_tensor_offer_from_another_host_is_refused_unread_then_the_update_falls_back_to_disk(
+        tmp_path: Path) -> None:
+    log: list[tuple[Any, ...]] = []
+    server = Server("s0", log)
+    asked, offer = tensor_trainer(version=5, host="trainer-node/other-boot")
+    folder = tmp_path / "v5"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+
+    async def export() -> tuple[str, int]:
+        return str(folder), 5
+
+    [outcome] = await Tensors(5, offer, attempts=1).load([server])  # type: ignore[list-item]
+    assert isinstance(outcome, EngineError) and "needs the trainer on the servers' host" in str(outcome)
+    assert "trainer-node/other-boot" in str(outcome) and [c[1] for c in log] == ["begin", "end"]
+
+    source = Tensors(5, offer, export=export, attempts=2)
+    assert await source.load([server]) == [None]  # type: ignore[list-item]
+    assert source.fell_back and len(asked) == 3 and "tensor" not in [c[1] for c in log]
+    assert log[-1] == ("s0", "disk", str(folder), 5) and server.version == 5
+
+
+async def test_a_server_stuck_loading_tensors_is_reported_for_a_restart_not_retried() -> None:
+    log: list[tuple[Any, ...]] = []
+    servers = [Server("s0", log), Server("s1", log)]
+    servers[1].fail["tensor"] = EngineTimeout("s1: load weights timed out after 150s")
+    asked, offer = tensor_trainer(version=3)
+    outcome = await Tensors(3, offer, attempts=3).load(servers)  # type: ignore[arg-type]
+    assert outcome[0] is None and isinstance(outcome[1], EngineTimeout)
+    assert asked == [2]
+    assert [c[1] for c in log if c[0] == "s1"] == ["begin", "tensor"]  # nothing more is sent to the stuck one

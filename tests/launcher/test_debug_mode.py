@@ -132,3 +132,36 @@ def test_a_lora_run_serves_merged_weights_that_change_each_version(tmp_path: Pat
 
     assert asyncio.run(served()) == 2
 
+
+def test_a_run_with_tensor_weight_sync_serves_every_version_from_shared_memory(tmp_path: Path,
+                                                                             shared_server: str) -> None:
+    """weight_sync: tensor end to end (the server on the trainer's host loads SFT's v0 and each RL version from the
+    trainer's shared memory): no weights/v<N> for RL versions (a fallback to disk would write them), every version
+    offered in shared memory, the server ends on the last one."""
+    config = {
+        "name": "shm", "model": "tiny", "steps": 2, "runs_dir": str(tmp_path / "runs"),
+        "engine": {"url": shared_server}, "weight_sync": {"mode": "tensor", "timeout_s": 60},
+        "sft": {"enabled": True, "steps": 1, "num_traces": 8, "batch_size": 4},
+        "rollout": {"n_samples": 2, "groups_per_step": 2, "max_new_tokens": 16, "max_turns": 2,
+                    "max_response_tokens": 48, "max_context_tokens": 192},
+        "trainer": {"micro_batch_tokens": 2048},
+        "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
+    }
+    path = tmp_path / "shm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-c", NO_RAY, "train", str(path), "--debug"], capture_output=True,
+                          text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run = tmp_path / "runs" / "shm"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_weight_version"] == 2 and summary["books_balanced"]
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0"]  # SFT's output only: no fallback to disk
+    for v in (0, 1, 2):
+        assert f"weights v{v} offered in shared memory to 1 server(s)" in proc.stderr, proc.stderr[-3000:]
+
+    async def served() -> int:
+        async with SGLangClient(shared_server) as client:
+            return await client.weight_version()
+
+    assert asyncio.run(served()) == 2
+

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio
 
 from agentrl.queue.weight_sync import SyncChannel
-from agentrl.weight_sync import BucketMeta, WeightOffer, WeightSyncError
+from agentrl.weight_sync import BucketMeta, TensorOffer, WeightOffer, WeightSyncError
 
 OFFER = WeightOffer(version=2, address="127.0.0.1", port=1234, group="g", world_size=2, backend="gloo",
                     timeout_s=5.0, buckets=(BucketMeta(("w",), "float32", ((2,),)),))
@@ -36,6 +36,16 @@ async def test_requests_reach_the_trainer_and_each_answer_reaches_its_asker(clie
     broadcast, export = await serving
     assert (broadcast.kind, broadcast.version, broadcast.world_size) == ("broadcast", 2, 2)
     assert export.kind == "export" and not export.expired
+
+
+async def test_a_tensor_request_counts_servers_and_its_offer_comes_back(client: redis.asyncio.Redis,
+                                                                          name: str) -> None:
+    channel = SyncChannel(client, name)
+    offer = TensorOffer(version=3, host="node/boot", payloads=("p0", "p1"))
+    serving = asyncio.create_task(trainer(channel, [{"tensor": offer.to_dict()}]))
+    assert await channel.tensors(3, servers=2, timeout_s=5) == offer
+    [request] = await serving
+    assert (request.kind, request.version, request.world_size) == ("tensor", 3, 2)
 
 
 async def test_an_error_answer_and_no_answer_are_weight_sync_errors(client: redis.asyncio.Redis, name: str) -> None:

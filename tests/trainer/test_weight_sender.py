@@ -1,11 +1,15 @@
 """The trainer's end of ``weight_sync: distributed`` (agentrl.trainer.weight_sync) over real gloo groups: peers in
 other processes receive exactly the snapshot that was offered, in SGLang's flattened-bucket layout; a peer that
-never joins fails the send within its timeout; the weight server answers broadcast and export requests."""
+never joins fails the send within its timeout; the weight server answers broadcast and export requests. With
+``shared_memory`` (``weight_sync: tensor``) another process maps exactly the snapshot from its payload, and the
+memory is freed once the sender and every receiver have let go."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,8 +19,9 @@ from typing import Any
 import pytest
 import torch
 
+from agentrl.trainer.shm import shared_bytes
 from agentrl.trainer.weight_sync import WeightSender, WeightServer, address_toward, flatten
-from agentrl.weight_sync import BucketMeta, WeightSyncError
+from agentrl.weight_sync import BucketMeta, TensorOffer, WeightSyncError, host_id
 
 PEER = Path(__file__).with_name("weight_peer.py")
 
@@ -147,3 +152,103 @@ def test_the_weight_server_answers_exports_and_refuses_what_it_cannot_serve(tmp_
     saved = torch.load(Path(exported["path"]) / "weights.pt")
     assert all(torch.equal(saved[k], v) for k, v in sd.items())
     assert "has v4, not v7" in newer["error"]
+
+
+# another process (no SGLang: plain pickle, as SGLang's SafeUnpickler does it) maps each payload and prints sums
+RECEIVER = """
+import base64, json, pickle, sys
+import torch
+out = []
+for payload in sys.argv[1:]:
+    named = pickle.loads(base64.b64decode(payload))
+    out.append({name: [str(t.dtype), t.double().sum().item()] for name, t in named})
+    del named  # the reference count lives in the file: a process that exits holding a mapping leaves it counted
+print(json.dumps(out))
+"""
+
+
+def shm_files(sender: WeightSender) -> list[Path]:
+    return [Path("/dev/shm") / f.untyped_storage()._share_filename_cpu_()[1].decode().lstrip("/")
+            for f in sender._current().flat]
+
+
+def test_a_tensor_offer_names_shared_memory_another_process_maps_and_frees_it_when_all_let_go() -> None:
+    sd = weights(5)
+    sender = WeightSender(address="127.0.0.1", bucket_bytes=1200, shared_memory=True)
+    sender.set_weights(2, sd, torch.bfloat16)
+    files = shm_files(sender)
+    assert len(files) > 1 and all(f.is_file() for f in files)
+    offer = sender.tensor_offer(2)
+    assert (offer.version, offer.host, len(offer.payloads)) == (2, host_id(), 2)
+    assert all(len(p) < 20_000 for p in offer.payloads)  # handles, not the 4 KB of weights... nor a pickle of them
+    done = subprocess.run([sys.executable, "-c", RECEIVER, *offer.payloads], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    _, snapshot = sender.snapshot()
+    want = {k: [str(v.dtype), v.double().sum().item()] for k, v in snapshot.items()}
+    assert json.loads(done.stdout) == [want, want]
+    assert want["norm"][0] == "torch.bfloat16" and want["steps"][0] == "torch.int64"
+
+    del snapshot
+    sender.set_weights(3, sd)  # the offered snapshot is dropped; each payload's reference was given back
+    assert not any(f.exists() for f in files)
+
+
+def test_shared_memory_without_the_room_is_refused_before_any_byte_is_written(tmp_path: Path) -> None:
+    with pytest.raises(WeightSyncError, match=r"MiB free, a weight snapshot needs .*--shm-size"):
+        shared_bytes(1 << 60)
+    with pytest.raises(WeightSyncError, match="shared memory is not available here"):
+        shared_bytes(1, shm_dir=str(tmp_path / "absent"))
+
+
+def test_a_tensor_offer_needs_shared_memory_and_a_server() -> None:
+    private = WeightSender(address="127.0.0.1")
+    private.set_weights(1, weights(1))
+    with pytest.raises(WeightSyncError, match="private memory"):
+        private.tensor_offer(1)
+    shared = WeightSender(address="127.0.0.1", shared_memory=True)
+    with pytest.raises(WeightSyncError, match="no weights to send yet"):
+        shared.tensor_offer(1)
+    shared.set_weights(1, weights(1))
+    with pytest.raises(WeightSyncError, match="at least one server"):
+        shared.tensor_offer(0)
+
+
+def test_the_weight_server_answers_tensor_requests_and_refuses_a_version_it_does_not_have(tmp_path: Path) -> None:
+    sender = WeightSender(address="127.0.0.1", timeout_s=1.0, shared_memory=True)
+    sender.set_weights(4, weights(3))
+    channel = serve([Request("tensor", 4, world_size=3), Request("tensor", 6, world_size=1)], sender, tmp_path, 2)
+    (_, offered), (_, newer) = channel.answers
+    offer = TensorOffer.from_dict(offered["tensor"])
+    assert offer.version == 4 and len(offer.payloads) == 3 and offer.host == host_id()
+    assert "has v4, not v6" in newer["error"]
+
+
+HOLDER = """
+import base64, os, pickle, sys, time
+import torch
+named = pickle.loads(base64.b64decode(sys.argv[1]))  # mapped, as a server keeps it
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+SENDER = """
+import subprocess, sys
+from agentrl.trainer.shm import serialize, shared_bytes
+t = shared_bytes(1 << 20)
+holder = subprocess.Popen([sys.executable, "-c", sys.argv[1], serialize([("w", t[:16])])], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, start_new_session=True, text=True)
+print(holder.stdout.readline().strip(), flush=True)  # the holder's pid, once it has mapped the memory
+"""
+
+
+def test_the_trainers_output_ends_with_it_even_while_a_server_still_maps_its_memory() -> None:
+    """torch's shm manager outlives the trainer while a server maps its memory; it must not hold the trainer's
+    stdout/stderr (a parent reading them to the end would wait for the server)."""
+    done = subprocess.run([sys.executable, "-c", SENDER, HOLDER], capture_output=True, text=True, timeout=100)
+    holder = int(done.stdout.split()[0])
+    try:
+        assert done.returncode == 0, done.stderr
+        os.kill(holder, 0)  # still alive (and mapping) when our output ended
+    finally:
+        os.kill(holder, signal.SIGKILL)
