@@ -30,9 +30,9 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox._wire import sandbox_error
@@ -40,6 +40,8 @@ from agentrl.sandbox.base import Limits, RunRequest, RunResult
 from agentrl.sandbox.config import FleetConfig, check_url
 from agentrl.sandbox.remote import RemoteSandbox, RemoteSession, ServerUnavailable
 from agentrl.sandbox.schemas import ServerLoad
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -106,27 +108,22 @@ class SandboxFleet:
     async def run(self, request: RunRequest) -> RunResult:
         self._watch()
         t0 = time.monotonic()
-        tried: set[int] = set()
-        errors: list[str] = []
-        while (server := self._pick(tried)) is not None:
-            tried.add(id(server))
-            server.inflight += 1
-            server.requests += 1
-            try:
-                return await server.client.run_or_raise(request)
-            except ServerUnavailable as exc:
-                errors.append(str(exc))
-                if not exc.busy:
-                    self._take_out(server, str(exc))
-            except SandboxError as exc:
-                return sandbox_error(str(exc), time.monotonic() - t0)
-            finally:
-                server.inflight -= 1
-        return sandbox_error(self._none_left("the run", errors), time.monotonic() - t0)
+        try:
+            _, result = await self._on_a_server("the run", lambda s: s.client.run_or_raise(request))
+        except SandboxError as exc:
+            return sandbox_error(str(exc), time.monotonic() - t0)
+        return result
 
     async def session(self, language: str = "python", limits: Limits | None = None) -> FleetSession:
         """A session on the least loaded healthy server, pinned there (raises SandboxError if none can open one)."""
         self._watch()
+        server, inner = await self._on_a_server("a session", lambda s: s.client.session(language, limits))
+        return FleetSession(self, server, inner)
+
+    async def _on_a_server(self, what: str, call: Callable[[_Server], Awaitable[T]]) -> tuple[_Server, T]:
+        """``call`` on the least loaded healthy server; a server that did not take it (``ServerUnavailable``) is
+        skipped, and taken out unless it was only busy; any other SandboxError ends the search. Raises SandboxError
+        when no server is left."""
         tried: set[int] = set()
         errors: list[str] = []
         while (server := self._pick(tried)) is not None:
@@ -134,16 +131,14 @@ class SandboxFleet:
             server.inflight += 1
             server.requests += 1
             try:
-                inner = await server.client.session(language, limits)
+                return server, await call(server)
             except ServerUnavailable as exc:
                 errors.append(str(exc))
                 if not exc.busy:
                     self._take_out(server, str(exc))
-                continue
             finally:
                 server.inflight -= 1
-            return FleetSession(self, server, inner)
-        raise SandboxError(self._none_left("a session", errors))
+        raise SandboxError(self._none_left(what, errors))
 
     def _pick(self, tried: set[int]) -> _Server | None:
         """The least loaded server that is up and not tried yet (ties: round-robin), or None."""
