@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -123,37 +124,31 @@ async def bench(model: str, rounds: int, bucket_mb: float) -> None:
         finally:
             await client.resume()
 
-    async def distributed(i: int) -> None:
+    async def in_memory(snd: WeightSender, transport: str, prefix: str,
+                        source: Callable[[int], Broadcast]) -> None:
+        """Publish through ``snd``, then pause the server, load ``source(version)`` into it and resume."""
         sd = trainer.full_state_dict()
-        sender.set_weights(version, sd, cast)
-        await registry.publish(version, str(work / f"d{version}"), step=version, metrics={}, transport="distributed")
+        snd.set_weights(version, sd, cast)
+        await registry.publish(version, str(work / f"{prefix}{version}"), step=version, metrics={},
+                               transport=transport)
         wv = await registry.wait_for(version, timeout_s=60)
         paused.append(time.perf_counter())
         await client.pause("abort")
         try:
-            source = Broadcast(wv.version, lambda n: channel.offer(wv.version, world_size=n, timeout_s=60))
-            [failure] = await source.load([client])
+            [failure] = await source(wv.version).load([client])
             if failure is not None:
                 raise failure
         finally:
             await client.resume()
         assert await client.weight_version() == version
 
+    async def distributed(i: int) -> None:
+        await in_memory(sender, "distributed", "d", lambda v: Broadcast(
+            v, lambda n: channel.offer(v, world_size=n, timeout_s=60)))
+
     async def tensor(i: int) -> None:
-        sd = trainer.full_state_dict()
-        shm_sender.set_weights(version, sd, cast)
-        await registry.publish(version, str(work / f"t{version}"), step=version, metrics={}, transport="tensor")
-        wv = await registry.wait_for(version, timeout_s=60)
-        paused.append(time.perf_counter())
-        await client.pause("abort")
-        try:
-            source = Tensors(wv.version, lambda n: shm_channel.tensors(wv.version, servers=n, timeout_s=60))
-            [failure] = await source.load([client])
-            if failure is not None:
-                raise failure
-        finally:
-            await client.resume()
-        assert await client.weight_version() == version
+        await in_memory(shm_sender, "tensor", "t", lambda v: Tensors(
+            v, lambda n: shm_channel.tensors(v, servers=n, timeout_s=60)))
 
     paths = {"raw": raw, "disk": disk, "distributed": distributed, "tensor": tensor}
     paused: list[float] = []  # when each path's reload began (the rest of its time is the trainer's publish)
