@@ -154,7 +154,7 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         r = cfg.rollout.scheduler
         total_groups = max(0, (cfg.steps - start_version) * r.groups_per_step - carried // r.n_samples)
         t_rl = timeline.rl_start = time.monotonic()
-        async with evaluating_during(_mid_run_evals(cfg, rollout, run_dir, evals, timeline)):
+        async with evaluating_during(_mid_run_evals(cfg, rollout, run_dir, evals, timeline, start_version)):
             rollout_stats = await _first(rollout.run(total_groups, cfg.steps), trainers)
         await trainers.wait()
         rl_wall_s = time.monotonic() - t_rl
@@ -211,8 +211,8 @@ async def _evaluate(rollout: Any, label: str, run_dir: Path) -> dict[str, Any]:
     return dict(figures)
 
 
-def _mid_run_evals(cfg: RunConfig, rollout: Any, run_dir: Path, evals: dict[str, Any],
-                   timeline: Timeline) -> MidRunEvals | None:
+def _mid_run_evals(cfg: RunConfig, rollout: Any, run_dir: Path, evals: dict[str, Any], timeline: Timeline,
+                   start_version: int) -> MidRunEvals | None:
     """The held-out evaluations during RL (``data.heldout_every``; :mod:`agentrl.launcher.heldout_curve`)."""
     from agentrl.launcher.heldout import write_records
 
@@ -226,7 +226,7 @@ def _mid_run_evals(cfg: RunConfig, rollout: Any, run_dir: Path, evals: dict[str,
     return MidRunEvals(rollout, every=d.heldout_every, final_version=cfg.steps, evals=evals,
                        save=lambda: _save_evals(run_dir, evals),
                        write=lambda label, records: write_records(run_dir / f"eval_{label}.jsonl", records),
-                       timeline=timeline)
+                       timeline=timeline, start_version=start_version)
 
 
 def _trainer_placement(run_dir: Path) -> dict[str, Any] | None:

@@ -9,7 +9,8 @@ the version it started on. The rollout process serves it concurrently with ``run
 (its methods are coroutines, so Ray runs them as tasks of one event loop, as it already does for the monitor's
 ``progress`` polls), and in debug mode a plain object in the controller's loop.
 
-A record, in ``evals.json`` under ``v<N>`` (a resumed run keeps them) and its episodes in ``eval_v<N>.jsonl``:
+A record, in ``evals.json`` under ``v<N>`` (a resumed run keeps those up to its checkpoint's version and evaluates
+the versions it trains anew again) and its episodes in ``eval_v<N>.jsonl``:
 the evaluation's figures plus ``version`` (served when it started), ``version_end`` (served when it ended) and
 ``versions_changed``: the rollout side kept loading new weights meanwhile (with ``update_mode: interrupt`` even
 within a request), so when the two differ its episodes ran on any version between them. ``t_rl_s`` and
@@ -71,14 +72,16 @@ class MidRunEvals:
     """Held-out evaluations at every ``every``-th served version below ``final_version`` (module docstring).
 
     ``evals`` is the run's dict of evaluation figures (``evals.json``), updated in place; ``save()`` writes it and
-    ``write(label, records)`` writes an evaluation's episodes."""
+    ``write(label, records)`` writes an evaluation's episodes. A resumed run (from ``start_version``, its
+    checkpoint's) keeps the records of versions up to it and evaluates the later ones again: it trains them anew."""
 
     def __init__(self, rollout: Any, *, every: int, final_version: int, evals: dict[str, Any],
                  save: Callable[[], None], write: Callable[[str, list[dict[str, Any]]], None], timeline: Timeline,
-                 poll_s: float = POLL_S) -> None:
+                 start_version: int = 0, poll_s: float = POLL_S) -> None:
         if every < 1:
             raise ValueError(f"heldout_every must be >= 1 to evaluate during RL, got {every}")
         self.rollout, self.every, self.final_version = rollout, every, final_version
+        self.start_version = start_version
         self.evals, self.save, self.write, self.timeline, self.poll_s = evals, save, write, timeline, poll_s
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -87,7 +90,7 @@ class MidRunEvals:
         while not stop.is_set():
             version = await self._served()
             if version is not None and due <= version < self.final_version:
-                if mid_run_label(version) not in self.evals:  # a resumed run keeps what it evaluated before
+                if mid_run_label(version) not in self.evals or version > self.start_version:
                     await self.evaluate(version)
                 due = (version // self.every + 1) * self.every
                 continue

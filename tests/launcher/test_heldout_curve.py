@@ -115,12 +115,15 @@ async def test_a_failed_evaluation_is_recorded_and_the_next_one_runs(tmp_path: P
     assert [p["label"] for p in figures["heldout_curve"]] == ["v4"] and figures["heldout_evals_failed"] == 1
 
 
-async def test_a_resumed_run_keeps_its_records_and_does_not_evaluate_them_again(tmp_path: Path) -> None:
+async def test_a_resumed_run_keeps_its_records_up_to_its_checkpoint(tmp_path: Path) -> None:
     clock = FakeClock()
-    rollout = FakeRollout([2, 4], clock)
-    evals: dict[str, Any] = {"v2": {"label": "v2", "version": 2, "accuracy": 0.9}}
-    await _run_until_script_ends(_evals(rollout, clock, evals, tmp_path, every=2, final=10), rollout)
-    assert rollout.evaluated == ["v4"] and evals["v2"] == {"label": "v2", "version": 2, "accuracy": 0.9}
+    rollout = FakeRollout([2, 4, 6], clock)
+    old = {"v2": {"label": "v2", "version": 2, "accuracy": 0.9}, "v4": {"label": "v4", "version": 4, "accuracy": 0.9}}
+    evals: dict[str, Any] = dict(old)
+    mid = _evals(rollout, clock, evals, tmp_path, every=2, final=10)
+    mid.start_version = 3  # resumed from the checkpoint of step 3: v4 is trained anew
+    await _run_until_script_ends(mid, rollout)
+    assert rollout.evaluated == ["v4", "v6"] and evals["v2"] == old["v2"] and evals["v4"]["accuracy"] == 0.4
 
 
 async def test_an_evaluation_under_way_is_finished_when_rl_ends(tmp_path: Path) -> None:
