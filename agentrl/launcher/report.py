@@ -174,7 +174,7 @@ def _plot(run_dir: Path, records: list[dict[str, Any]], summary: dict[str, Any])
         return None
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     steps = [r["step"] for r in records]
-    axes[0].plot(steps, [r.get("reward_mean", 0) for r in records], marker="o")
+    axes[0].plot(steps, [r.get("reward_mean", 0) for r in records], marker="o", label="reward")
     solve = summary.get("rollout_solve_rate_by_version") or {}
     if solve:  # version v is the policy after step v, so it sits at x = v
         axes[0].plot([int(v) for v in solve], list(solve.values()), marker=".", label="pass rate, all groups")
