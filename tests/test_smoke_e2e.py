@@ -1,6 +1,8 @@
 """The walking skeleton end to end, all real: `agentrl demo --smoke` starts embedded Redis, an SGLang server on
 CPU (tiny model), the trainer process (cold-start SFT, then GRPO with FSDP2) and the local sandbox; two RL steps;
-SGLang serves version 2 at the end; every process is stopped, also on Ctrl-C."""
+SGLang serves version 2 at the end; every process is stopped, also on Ctrl-C. Two held-out problems are evaluated
+before and after SFT, after RL and during RL at every version (`data.heldout_every=1`: the rollout actor serves
+the evaluation while its `run` goes on)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.redis]  # the run starts its own of each
 
 AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+HELDOUT = ["data.num_heldout=2", "data.heldout_every=1"]
 
 
 def _alive(url: str) -> bool:
@@ -67,7 +70,7 @@ def smoke_driver(tmp_path_factory) -> tuple[Path, int]:
     runs = tmp_path_factory.mktemp("runs")
     proc = subprocess.Popen(
         [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=smoke", "engine.record_requests=true",
-         "rollout.skip_solved_window=1"],
+         "rollout.skip_solved_window=1", *HELDOUT],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -130,8 +133,9 @@ def test_every_process_was_stopped(smoke_driver: tuple[Path, int]):
 
 def test_trajectories_hold_exactly_what_sglang_saw_and_returned(smoke_run: Path):
     trajectories = _jsonl(smoke_run / "rollouts.jsonl")
-    calls = _jsonl(smoke_run / "engine_requests.jsonl")
-    assert len(trajectories) == 16
+    every = _jsonl(smoke_run / "engine_requests.jsonl")
+    calls = [c for c in every if not str(c["key"]).startswith("heldout-")]  # the held-out evaluations' own
+    assert len(trajectories) == 16 and len(calls) < len(every)
     matched: dict[str, list[dict]] = {t["trajectory_id"]: [] for t in trajectories}
     for c in calls:  # each engine call belongs to exactly one trajectory: the one it is a prefix of
         n, m = len(c["input_ids"]), len(c["output_ids"])
@@ -176,6 +180,23 @@ def test_rollout_pass_rate_per_version_matches_the_rollouts(smoke_run: Path):
     assert summary["tasks_skipped_solved"] == 0
 
 
+def test_held_out_accuracy_was_evaluated_during_rl(smoke_run: Path):
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    evals = json.loads((smoke_run / "evals.json").read_text())
+    assert set(evals) == {"before", "sft", "v1", "after"}  # v2 is the final version: the "after" evaluation's
+    v1 = evals["v1"]
+    assert not v1.get("failed"), v1
+    assert v1["version"] == 1 and v1["version_end"] in (1, 2) and v1["versions_changed"] == (v1["version_end"] != 1)
+    assert v1["n"] + v1["errors"] == 2 and 0 < v1["t_rl_s"] < v1["t_run_s"]
+    assert len(_jsonl(smoke_run / "eval_v1.jsonl")) == 2
+    curve = summary["heldout_curve"]
+    assert [(p["label"], p["version"]) for p in curve] == [("sft", 0), ("v1", 1), ("after", 2)]
+    assert curve[0]["t_rl_s"] == 0 and curve[1]["t_rl_s"] < curve[2]["t_rl_s"]
+    # the tiny random model never answers right
+    assert summary["time_to_heldout_0.9_s"] is None and summary["time_to_heldout_0.9_rl_s"] is None
+    assert "Time to held-out accuracy 0.9" in (smoke_run / "report.md").read_text()
+
+
 def test_second_step_was_generated_by_v1(smoke_run: Path):
     trajectories = _jsonl(smoke_run / "rollouts.jsonl")
     versions = [sorted({v for v, m in zip(t["weight_versions"], t["loss_mask"]) if m}) for t in trajectories]
@@ -210,7 +231,7 @@ def test_a_used_run_directory_is_refused_then_resumed(smoke_run: Path):
     starts; --resume continues after the last checkpoint with the next step and version, books balanced."""
     runs, name = smoke_run.parent, smoke_run.name
     again = [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", f"name={name}", "engine.record_requests=true",
-             "rollout.skip_solved_window=1", "monitor.live=false"]
+             "rollout.skip_solved_window=1", "monitor.live=false", *HELDOUT]
     logs_before = sorted(p.name for p in (smoke_run / "logs").iterdir())
     refused = subprocess.run(again, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1 and "already holds a run" in refused.stderr and "--resume" in refused.stderr
@@ -223,3 +244,5 @@ def test_a_used_run_directory_is_refused_then_resumed(smoke_run: Path):
     assert summary["trajectories_consumed"] == 8 == summary["trajectories_produced"]  # this segment: one step
     assert [m["step"] for m in _jsonl(smoke_run / "metrics.jsonl")] == [1, 2, 3]
     assert (smoke_run / "weights" / "v3" / "config.json").exists()
+    # the held-out evaluations of the first segment are kept; this one adds v2 (its new final version is 3)
+    assert [p["label"] for p in summary["heldout_curve"]] == ["sft", "v1", "v2", "after"]

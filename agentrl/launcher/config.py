@@ -150,8 +150,18 @@ class DataSection(_Section):
     train: str = "rl"
     heldout: str = "heldout"
     num_heldout: int = 0  # held-out problems evaluated before and after training (0: skip)
+    # also evaluate them during RL each time the served weight version reaches a multiple of this (0: only before,
+    # after SFT and after RL): summary.json's heldout_curve and time to accuracy (launcher/heldout_curve.py)
+    heldout_every: int = Field(0, ge=0)
     prompt_key: str = Field("prompt", min_length=1)
     answer_key: str | None = Field("answer", min_length=1)  # e.g. reward_model.ground_truth (verl's layout)
+
+    @model_validator(mode="after")
+    def _heldout_every_needs_heldout_problems(self) -> DataSection:
+        if self.heldout_every > 0 and self.num_heldout == 0:
+            raise ValueError(f"data.heldout_every: {self.heldout_every} evaluates the held-out problems during RL, "
+                             "but data.num_heldout is 0 (none): set data.num_heldout (e.g. 40), or heldout_every: 0")
+        return self
 
 
 class RolloutSection(_Composed):

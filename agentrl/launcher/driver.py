@@ -17,7 +17,8 @@ Files: the controller shares the run directory with the trainer's ranks (it writ
 them, reads rank 0's ``metrics.jsonl`` and, for ``--resume``, their ``checkpoints/``, which every rank writes a
 shard of): the trainer's node, or a volume shared by the trainer's nodes. The rollout side shares no directory
 with either: what the controller needs from it comes back from its methods (Ray calls), and the held-out records
-are written here (``eval_<label>.jsonl``).
+are written here (``eval_<label>.jsonl``; with ``data.heldout_every`` also during RL, ``eval_v<N>.jsonl``:
+:mod:`agentrl.launcher.heldout_curve`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.hardware import engine_dtype, resolve_dtype
-from agentrl.launcher.colocation import PlacementChoice, resolve_placement
+from agentrl.launcher.colocation import PlacementChoice, hands_over_memory, resolve_placement
 from agentrl.launcher.config import RunConfig, save_config
+from agentrl.launcher.heldout_curve import MidRunEvals, Timeline, evaluating_during
 from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.placement import nodes, place
 from agentrl.launcher.preflight import check_run
@@ -140,8 +142,10 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
             _save_evals(run_dir, evals)
         if (heldout and "sft" not in evals) or point is None or point.version == 0:
             await _first(rollout.load_version(0), trainers)
+        timeline = Timeline(t_start)
         if heldout and "sft" not in evals:
-            evals["sft"] = await _first(_evaluate(rollout, "sft", run_dir), trainers)
+            stamp = timeline.stamp()  # the start of the evaluation, as for every point of the held-out curve
+            evals["sft"] = {**await _first(_evaluate(rollout, "sft", run_dir), trainers), **stamp}
             _save_evals(run_dir, evals)
         start_version = point.version if point is not None else 0
         if start_version > 0:  # the resumed trainer re-publishes it (re-exported if it was pruned)
@@ -149,12 +153,14 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         # groups the trainer still needs, less the complete groups waiting in the queue (carried from before)
         r = cfg.rollout.scheduler
         total_groups = max(0, (cfg.steps - start_version) * r.groups_per_step - carried // r.n_samples)
-        t_rl = time.monotonic()
-        rollout_stats = await _first(rollout.run(total_groups, cfg.steps), trainers)
+        t_rl = timeline.rl_start = time.monotonic()
+        async with evaluating_during(_mid_run_evals(cfg, rollout, run_dir, evals, timeline, start_version)):
+            rollout_stats = await _first(rollout.run(total_groups, cfg.steps), trainers)
         await trainers.wait()
         rl_wall_s = time.monotonic() - t_rl
         if heldout:
-            evals["after"] = await _evaluate(rollout, "after", run_dir)
+            stamp = timeline.stamp()
+            evals["after"] = {**await _evaluate(rollout, "after", run_dir), **stamp}
             _save_evals(run_dir, evals)
         served = await rollout.weight_version()
         left = await rollout.queue_length()
@@ -203,6 +209,24 @@ async def _evaluate(rollout: Any, label: str, run_dir: Path) -> dict[str, Any]:
     figures, records = await rollout.evaluate_heldout(label)
     write_records(run_dir / f"eval_{label}.jsonl", records)
     return dict(figures)
+
+
+def _mid_run_evals(cfg: RunConfig, rollout: Any, run_dir: Path, evals: dict[str, Any], timeline: Timeline,
+                   start_version: int) -> MidRunEvals | None:
+    """The held-out evaluations during RL (``data.heldout_every``; :mod:`agentrl.launcher.heldout_curve`)."""
+    from agentrl.launcher.heldout import write_records
+
+    d = cfg.data
+    if d.heldout_every == 0 or d.num_heldout == 0:
+        return None
+    if hands_over_memory(cfg):  # SGLang gives its GPU memory to every trainer step: an evaluation would wait on it
+        logger.warning("data.heldout_every is ignored with a colocated GPU engine: held-out evaluations run before "
+                       "and after RL only")
+        return None
+    return MidRunEvals(rollout, every=d.heldout_every, final_version=cfg.steps, evals=evals,
+                       save=lambda: _save_evals(run_dir, evals),
+                       write=lambda label, records: write_records(run_dir / f"eval_{label}.jsonl", records),
+                       timeline=timeline, start_version=start_version)
 
 
 def _trainer_placement(run_dir: Path) -> dict[str, Any] | None:

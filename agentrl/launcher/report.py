@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.launcher.config import RunConfig
+from agentrl.launcher.heldout_curve import TARGET_ACCURACY, curve_figures
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         if label in evals:
             summary[f"heldout_accuracy_{label}"] = evals[label]["accuracy"]
             summary[f"heldout_reward_{label}"] = evals[label]["reward_mean"]
+    summary.update(curve_figures(evals))  # heldout_curve, time_to_heldout_0.9_s / _rl_s
     return summary
 
 
@@ -87,6 +89,7 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
                 lines.append(f"| {name} | {summary[f'heldout_accuracy_{label}']:.3f} | "
                              f"{summary[f'heldout_reward_{label}']:.3f} |")
         lines.append("")
+    lines += _curve_lines(summary)
     lines += _per_wording(run_dir)
     solve = summary.get("rollout_solve_rate_by_version") or {}
     if solve:
@@ -109,6 +112,29 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
     if plot:
         lines += [f"![reward, accuracy and staleness]({plot.name})", ""]
     (run_dir / "report.md").write_text("\n".join(lines))
+
+
+def _curve_lines(summary: dict[str, Any]) -> list[str]:
+    """Time to the target held-out accuracy, and the curve when it was evaluated during RL (data.heldout_every)."""
+    curve = summary.get("heldout_curve") or []
+    if len(curve) < 2:
+        return []
+    target = TARGET_ACCURACY
+    run_s, rl_s = summary.get(f"time_to_heldout_{target}_s"), summary.get(f"time_to_heldout_{target}_rl_s")
+    reached = (f"{run_s:.0f} s after the run started, {rl_s:.0f} s into RL" if run_s is not None and rl_s is not None
+               else "never reached")
+    lines = [f"Time to held-out accuracy {target} (the first evaluation after SFT that reached it, at its start): "
+             f"{reached}.", "", "| policy | version | accuracy | reward | t RL s | t run s |", "|---|---|---|---|---|---|"]
+    for p in curve:
+        lines.append(f"| {p['label']} | {p['version']} | {p['accuracy']:.3f} | {p.get('reward_mean') or 0:.3f} | "
+                     f"{_seconds(p.get('t_rl_s'))} | {_seconds(p.get('t_run_s'))} |")
+    if summary.get("heldout_evals_failed"):
+        lines += ["", f"{summary['heldout_evals_failed']} evaluation(s) during RL failed (evals.json)."]
+    return [*lines, ""]
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"
 
 
 def _per_wording(run_dir: Path) -> list[str]:
@@ -148,10 +174,15 @@ def _plot(run_dir: Path, records: list[dict[str, Any]], summary: dict[str, Any])
         return None
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     steps = [r["step"] for r in records]
-    axes[0].plot(steps, [r.get("reward_mean", 0) for r in records], marker="o")
+    axes[0].plot(steps, [r.get("reward_mean", 0) for r in records], marker="o", label="reward")
     solve = summary.get("rollout_solve_rate_by_version") or {}
     if solve:  # version v is the policy after step v, so it sits at x = v
         axes[0].plot([int(v) for v in solve], list(solve.values()), marker=".", label="pass rate, all groups")
+    curve = [p for p in summary.get("heldout_curve") or [] if p.get("version") is not None]
+    if len(curve) > 2:  # evaluated during RL too (data.heldout_every)
+        axes[0].plot([p["version"] for p in curve], [p["accuracy"] for p in curve], marker="s", color="#2a2",
+                     label="held-out accuracy (greedy)")
+    if solve or len(curve) > 2:
         axes[0].legend()
     axes[0].set(title="reward (trained groups)", xlabel="step")
     labels = [("before", "base"), ("sft", "SFT"), ("after", "RL")]

@@ -1,0 +1,113 @@
+"""Time to accuracy, the demo's headline: how long `agentrl demo` takes until the policy it trains scores 0.9 on
+the held-out wordings (greedy; the demo evaluates them after SFT, at every 5th weight version during RL and after
+RL: ``data.heldout_every``, agentrl/launcher/heldout_curve.py).
+
+It runs ``agentrl demo`` as the user would (its own process, every override passed through: ``--set key=value``
+or trailing ``key=value``), in a run directory under a temporary directory (removed afterwards: checkpoints are
+1.7 GB each) or ``--run-dir`` (kept), then reads its ``summary.json``. ``--quick`` checks that the script runs:
+``agentrl demo --smoke`` (the tiny random model, 2 RL steps) with 4 held-out problems evaluated at every version;
+the tiny model never answers right, so its times are ``none``.
+
+A single run, not a comparison: there is no floor to alternate with (the figure is the run's own), and one run's
+time varies with the seed (docs/results.md#the-demo). The times are the start of the first evaluation after SFT
+that reached 0.9, since the run started (``time_to_heldout_0.9_s``, from the controller's start: SFT included,
+Python's and the servers' start-up not) and since RL started (``_rl_s``); ``none`` when no evaluation did.
+Last line: ``time_to_heldout_0.9_s=… time_to_heldout_0.9_rl_s=… heldout_sft=… heldout_after=… wall_s=…
+run_wall_s=… steps=… heldout_every=… heldout_evals=… cpu=… cores=… dtype=… commit=… …`` (benchmarks/_common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import environment, last_line  # this folder's
+
+QUICK = ["data.num_heldout=4", "data.heldout_every=1"]  # the smoke recipe evaluates nothing held out by itself
+
+
+def command(run_dir: Path, overrides: list[str], *, quick: bool) -> list[str]:
+    """``agentrl demo`` in ``run_dir`` (its ``runs_dir`` and ``name``) with ``overrides`` last (they win)."""
+    return [sys.executable, "-m", "agentrl.cli", "demo", *(["--smoke"] if quick else []),
+            f"runs_dir={run_dir.parent}", f"name={run_dir.name}", "monitor.live=false",
+            *(QUICK if quick else []), *overrides]
+
+
+def figures(summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """The last line's figures from a run's ``summary.json``; a time never reached is ``none``."""
+
+    def value(key: str) -> Any:
+        got = summary.get(key)
+        return "none" if got is None else got
+
+    curve = summary.get("heldout_curve") or []
+    return {"time_to_heldout_0.9_s": value("time_to_heldout_0.9_s"),
+            "time_to_heldout_0.9_rl_s": value("time_to_heldout_0.9_rl_s"),
+            "heldout_sft": value("heldout_accuracy_sft"), "heldout_after": value("heldout_accuracy_after"),
+            "wall_s": wall_s, "run_wall_s": value("wall_time_s"), "steps": summary.get("steps", 0),
+            "heldout_evals": len(curve), "heldout_evals_failed": summary.get("heldout_evals_failed", 0)}
+
+
+def run_settings(run_dir: Path) -> dict[str, Any]:
+    """What the run resolved (``config.yaml`` records it): the precisions and ``data.heldout_every``."""
+    from agentrl.launcher.config import load_config
+
+    try:
+        cfg = load_config(run_dir / "config.yaml")
+    except Exception as exc:  # the footer says so rather than failing after a 45-minute run
+        return {"heldout_every": "unknown", "dtype": f"unknown({type(exc).__name__})"}
+    return {"heldout_every": cfg.data.heldout_every,
+            "dtype": f"engine:{cfg.engine.server.dtype},trainer:{cfg.trainer.dtype}"}
+
+
+def measure(run_dir: Path, overrides: list[str], *, quick: bool, timeout_s: float) -> tuple[dict[str, Any], str]:
+    """Run the demo (its output goes to stderr, so stdout ends with the figures); its figures and precisions."""
+    cmd = command(run_dir, overrides, quick=quick)
+    print("running:", " ".join(cmd), file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, stdout=sys.stderr, timeout=timeout_s)
+    wall_s = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"agentrl demo failed (exit {proc.returncode}); its output is above, its logs in "
+                         f"{run_dir / 'logs'}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for p in summary.get("heldout_curve") or []:
+        print(f"{p['label']:>6} v{p['version']}: accuracy {p['accuracy']:.3f}, t_rl_s {p.get('t_rl_s')}, "
+              f"t_run_s {p.get('t_run_s')}", flush=True)
+    settings = run_settings(run_dir)
+    return {**figures(summary, wall_s), "heldout_every": settings["heldout_every"]}, settings["dtype"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("overrides", nargs="*", help="key=value overrides for agentrl demo, e.g. seed=1")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for agentrl demo (repeatable); the same as a trailing key=value")
+    ap.add_argument("--run-dir", type=Path, help="the run directory (kept; default: one in a temporary directory, "
+                                                 "removed afterwards); it must not hold a run")
+    ap.add_argument("--quick", action="store_true",
+                    help="agentrl demo --smoke with 4 held-out problems at every version: a check that this runs "
+                         "(a few minutes), not a figure")
+    ap.add_argument("--timeout-s", type=float, default=3 * 3600.0, help="the demo's deadline (default 3 h)")
+    args = ap.parse_args()
+    overrides = [*args.sets, *args.overrides]
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        ap.error(f"overrides are key=value, got {bad}")
+    env = environment(packages=("sglang", "torch", "transformers", "ray"))
+    if args.run_dir is not None:
+        got, dtype = measure(args.run_dir.resolve(), overrides, quick=args.quick, timeout_s=args.timeout_s)
+    else:
+        with tempfile.TemporaryDirectory(prefix="time_to_accuracy-") as tmp:
+            got, dtype = measure(Path(tmp) / "tta", overrides, quick=args.quick, timeout_s=args.timeout_s)
+    print(last_line({**got, "quick": int(args.quick)}, {**env, "dtype": dtype}))
+
+
+if __name__ == "__main__":
+    main()

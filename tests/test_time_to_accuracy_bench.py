@@ -1,0 +1,33 @@
+"""benchmarks/time_to_accuracy.py: the command it runs and its last line, also when 0.9 was never reached (the
+real run: `benchmarks/time_to_accuracy.py --quick`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import _common  # noqa: E402
+import time_to_accuracy  # noqa: E402
+
+
+def test_the_demo_runs_in_the_run_directory_with_the_overrides_last(tmp_path: Path) -> None:
+    cmd = time_to_accuracy.command(tmp_path / "tta", ["seed=1", "data.heldout_every=2"], quick=True)
+    assert cmd[1:5] == ["-m", "agentrl.cli", "demo", "--smoke"]
+    assert f"runs_dir={tmp_path}" in cmd and "name=tta" in cmd and "data.num_heldout=4" in cmd
+    assert cmd[-2:] == ["seed=1", "data.heldout_every=2"]  # after the quick defaults: they win
+    assert "--smoke" not in time_to_accuracy.command(tmp_path / "tta", [], quick=False)
+
+
+def test_the_last_line_says_none_when_never_reached() -> None:
+    summary = {"time_to_heldout_0.9_s": None, "time_to_heldout_0.9_rl_s": None, "heldout_accuracy_sft": 0.75,
+               "heldout_accuracy_after": 0.85, "wall_time_s": 2400.5, "steps": 30,
+               "heldout_curve": [{"label": "sft"}, {"label": "v5"}, {"label": "after"}]}
+    line = _common.last_line(time_to_accuracy.figures(summary, 2500.0), {"cpu": "x"})
+    got = dict(kv.split("=", 1) for kv in line.split())
+    assert got["time_to_heldout_0.9_s"] == "none" and got["time_to_heldout_0.9_rl_s"] == "none"
+    assert got["heldout_sft"] == "0.750" and got["heldout_after"] == "0.850" and got["wall_s"] == "2500"
+    assert got["heldout_evals"] == "3" and got["cpu"] == "x"
+    reached = time_to_accuracy.figures({**summary, "time_to_heldout_0.9_s": 1234.5,
+                                        "time_to_heldout_0.9_rl_s": 600.25}, 2500.0)
+    assert (reached["time_to_heldout_0.9_s"], reached["time_to_heldout_0.9_rl_s"]) == (1234.5, 600.25)
