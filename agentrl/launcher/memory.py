@@ -122,7 +122,9 @@ class MemorySampler:
             if root is None or root not in started:
                 continue
             pids = [] if root in claimed else [root]  # a tree under a claimed root: its descendants only
-            if w.tree:  # breadth-first, never entering what an earlier watch or skip() claimed
+            # breadth-first over one process table per pass, never entering what an earlier watch or skip() claimed
+            # (psutil's children(recursive=True) rescans the table per call and cannot prune a claimed subtree)
+            if w.tree:
                 frontier = [root]
                 for pid in frontier:
                     fresh = [c for c in children.get(pid, ()) if c not in claimed]
