@@ -185,12 +185,12 @@ def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | Non
     """``summary.json``'s ``memory`` block from the nodes' :meth:`MemorySampler.report` s (None: a side that had
     nothing to report). The concurrent peak sums, for every second any report sampled, each report's newest sample
     at or before it, if it is at most three intervals old (else that side was not running then)."""
-    reports = [r for r in reports if r]
+    present = [r for r in reports if r]
     per_role: dict[str, int] = {}
-    for r in reports:
+    for r in present:
         for role, value in r["peaks"].items():
             per_role[role] = per_role.get(role, 0) + int(value)
-    series = [sorted((int(t), int(v)) for t, v in r["series"]) for r in reports]
+    series = [sorted((int(t), int(v)) for t, v in r["series"]) for r in present]
     seconds = sorted({t for s in series for t, _ in s})
     peak, cursors = 0, [0] * len(series)
     for t in seconds:
@@ -199,15 +199,15 @@ def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | Non
             while cursors[i] + 1 < len(s) and s[cursors[i] + 1][0] <= t:
                 cursors[i] += 1
             at, value = s[cursors[i]] if s else (t + 1, 0)
-            if at <= t and t - at <= 3 * float(reports[i].get("interval_s", 1.0)):
+            if at <= t and t - at <= 3 * float(present[i].get("interval_s", 1.0)):
                 summed += value
         peak = max(peak, summed)
     ram = total_ram if total_ram is not None else psutil.virtual_memory().total
     return {"peak_concurrent_gb": _gb(peak), "sum_of_peaks_gb": _gb(sum(per_role.values())),
             "per_process": {role: _gb(v) for role, v in sorted(per_role.items())},
-            "processes": sum(int(r["processes"]) for r in reports),
-            "hosts": sorted({r["host"] for r in reports}), "total_ram_gb": _gb(ram),
-            "interval_s": max((float(r.get("interval_s", 1.0)) for r in reports), default=None)}
+            "processes": sum(int(r["processes"]) for r in present),
+            "hosts": sorted({r["host"] for r in present}), "total_ram_gb": _gb(ram),
+            "interval_s": max((float(r.get("interval_s", 1.0)) for r in present), default=None)}
 
 
 def _gb(n: int) -> float:
