@@ -18,7 +18,8 @@ the sum of peaks) for processes on one node. Across nodes each node's series is 
 is as good as the nodes' clocks agree. RSS counts a page shared by several processes once per process (libraries,
 ``/dev/shm`` weights): the sums overstate, never understate. PSS (``/proc/<pid>/smaps_rollup``) would split them
 exactly, but one read walks the process's page tables: 10-50 ms of CPU per process here (the demo's trainer rank,
-6 GB: 48 ms), a hundred times an RSS read; in that demo Σ PSS was ~10 % below Σ RSS.
+6 GB: 48 ms), a hundred times an RSS read; in that demo Σ PSS of its five largest processes was 14 % below their
+Σ RSS.
 
 GB here are GiB (2**30 bytes).
 """
