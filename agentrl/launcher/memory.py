@@ -26,6 +26,7 @@ GB here are GiB (2**30 bytes).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+logger = logging.getLogger(__name__)
 
 GIB = 2**30
 
@@ -74,8 +77,9 @@ class MemorySampler:
     """Samples the RSS of the watched processes every ``interval_s`` on a daemon thread (:meth:`start`).
 
     Watches are claimed in the order they were added: a process belongs to the first watch that lists it, so a tree
-    watch added last gets "everything else under this pid" (the pid itself too unless an earlier watch has it). Pids in ``skip()`` (and their subtrees) are someone
-    else's to sample: e.g. Ray actors under the controller's Ray daemons, which sample themselves.
+    watch added last gets "everything else under this pid" (the pid itself too unless an earlier watch has it).
+    Pids in ``skip()`` (and their subtrees) are someone else's to sample: e.g. Ray actors under the controller's Ray
+    daemons, which sample themselves.
 
     Cost: one pass lists the machine's processes once (psutil, for the parent map) and reads one
     ``/proc/<pid>/status`` per watched process: 4.3 ms of CPU per pass (3.8 ms of it the process list) with 79
@@ -158,8 +162,8 @@ class MemorySampler:
         while True:
             try:
                 self.sample()
-            except Exception:  # accounting must never take the run down; the next pass retries
-                pass
+            except Exception as exc:  # accounting must never take the run down; the next pass retries
+                logger.debug("memory sampling pass failed: %r", exc)
             if self._stop.wait(self.interval_s):
                 return
 
@@ -171,8 +175,8 @@ class MemorySampler:
         self._thread.join(timeout=10)
         try:
             self.sample()
-        except Exception:
-            pass
+        except Exception as exc:
+            logger.debug("memory sampling pass failed: %r", exc)
 
     def report(self) -> dict[str, Any]:
         """This node's figures, JSON-able (they travel back to the controller as the return value of a Ray call):
