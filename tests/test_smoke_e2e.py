@@ -122,6 +122,23 @@ def test_summary_and_run_directory(smoke_run: Path):
     assert (smoke_run / "report.md").exists() and (smoke_run / "report.png").exists()
 
 
+def test_summary_accounts_for_the_memory_of_every_process(smoke_run: Path):
+    """summary.json's memory block (agentrl/launcher/memory.py): every side sampled its own processes."""
+    memory = json.loads((smoke_run / "summary.json").read_text())["memory"]
+    per = memory["per_process"]
+    for role in ("driver", "redis", "ray", "rollout", "sglang", "trainer-0"):
+        assert per.get(role, 0) > 0, (role, per)
+    # each of these imports torch (> 0.1 GiB resident); SGLang's tree is three such processes (launcher,
+    # scheduler with the model, detokenizer); the embedded Redis is small
+    for role in ("driver", "rollout", "trainer-0"):
+        assert per[role] > 0.1, (role, per)
+    assert per["sglang"] > 0.3 and per["redis"] < 0.5, per
+    assert 0.5 < memory["peak_concurrent_gb"] <= memory["sum_of_peaks_gb"] < memory["total_ram_gb"], memory
+    assert memory["sum_of_peaks_gb"] == pytest.approx(sum(per.values()), abs=0.01)
+    assert memory["processes"] >= 6 and memory["interval_s"] == 1.0
+    assert "peak memory: " in (smoke_run / "report.md").read_text()
+
+
 def test_every_process_was_stopped(smoke_driver: tuple[Path, int]):
     smoke_run, driver_pid = smoke_driver
     summary = json.loads((smoke_run / "summary.json").read_text())

@@ -35,6 +35,7 @@ from agentrl.hardware import engine_dtype, resolve_dtype
 from agentrl.launcher.colocation import PlacementChoice, hands_over_memory, resolve_placement
 from agentrl.launcher.config import RunConfig, save_config
 from agentrl.launcher.heldout_curve import MidRunEvals, Timeline, evaluating_during
+from agentrl.launcher.memory import combine, controller_sampler
 from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.placement import nodes, place
 from agentrl.launcher.preflight import check_run
@@ -122,8 +123,10 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
     async with AsyncExitStack() as stack:
         redis = await connect_redis(cfg.redis.url, run_dir / "redis")
         stack.push_async_callback(redis.aclose)
+        memory = controller_sampler(redis.embedded.pid if redis.embedded is not None else None)
+        stack.callback(memory.stop)
         carried = await _rewind(cfg, redis.client, point) if point is not None else 0
-        rollout, trainers = await place(cfg, run_dir, redis.url, stack)
+        rollout, trainers = await place(cfg, run_dir, redis.url, stack, memory)
         stack.push_async_callback(_aclose_rollout, rollout)
         engine_url = await _first(rollout.start(), trainers)
         m = cfg.monitor
@@ -176,6 +179,8 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         if sft_data is not None:
             summary["sft_data"] = sft_data.as_dict()  # traces, tokens, truncated (never dropped)
         summary["rl_wall_s"] = round(rl_wall_s, 2)
+        memory.stop()
+        summary["memory"] = combine([memory.report(), await rollout.memory_report(), *trainers.memory_reports])
         monitor.finish(summary)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(run_dir, summary)

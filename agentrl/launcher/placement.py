@@ -32,6 +32,7 @@ from typing import Any
 from agentrl.errors import InfrastructureError, TrainerError
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.ledger import kill_recorded
+from agentrl.launcher.memory import MemorySampler
 from agentrl.launcher.resources import pin_to_cores
 
 logger = logging.getLogger(__name__)
@@ -41,9 +42,12 @@ class RolloutDiedError(InfrastructureError):
     """The rollout process (its Ray actor) died mid-run: the run stops, to be continued with ``--resume``."""
 
 
-async def place(cfg: RunConfig, run_dir: Path, redis_url: str, stack: AsyncExitStack) -> tuple[Any, Any]:
+async def place(cfg: RunConfig, run_dir: Path, redis_url: str, stack: AsyncExitStack,
+                memory: MemorySampler | None = None) -> tuple[Any, Any]:
     """Start the trainer group and create the rollout worker (not started yet) as configured; both are stopped
-    with ``stack``. Returns ``(rollout, trainers)``."""
+    with ``stack``. Returns ``(rollout, trainers)``. ``memory``, the controller's sampler, also samples what runs
+    in this process (debug mode: the rollout side's servers and children) or, on Ray, Ray's daemons under it (the
+    actors sample themselves: :mod:`agentrl.launcher.memory`)."""
     if not cfg.resources.ray:
         from agentrl.launcher.rollout_process import RolloutWorker
 
@@ -51,7 +55,7 @@ async def place(cfg: RunConfig, run_dir: Path, redis_url: str, stack: AsyncExitS
         threaded = TrainerThread(cfg, run_dir, redis_url)
         stack.callback(threaded.kill)
         threaded.start()
-        return RolloutWorker(cfg, run_dir, redis_url), threaded
+        return RolloutWorker(cfg, run_dir, redis_url, memory=memory), threaded
     ray = ray_init(cfg)
     r = cfg.resources
     if redis_url.startswith("unix://") and _other_machines(ray):
@@ -69,6 +73,10 @@ async def place(cfg: RunConfig, run_dir: Path, redis_url: str, stack: AsyncExitS
     stack.callback(_kill_recorded_on, rollout.node, run_dir)  # after ray.kill: servers its death left behind
     stack.callback(ray.kill, handle)
     await trainers.start()
+    if memory is not None:  # Ray's daemons and idle workers, started under this process; not the actors' trees
+        rollout_pid = await handle.pid.remote()
+        memory.skip(lambda: {rollout_pid, *trainers.pids})
+        memory.watch("ray", os.getpid(), tree=True)
     return rollout, trainers
 
 
@@ -149,6 +157,7 @@ class TrainerThread:
     while it computes, so the rollout side keeps going). Its error is raised as is, never retried."""
 
     restarts = 0
+    memory_reports: tuple[dict[str, Any], ...] = ()  # none: the controller's sampler counts this process
 
     def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str) -> None:
         self.cfg, self.run_dir, self.redis_url = cfg, run_dir, redis_url
@@ -285,17 +294,25 @@ def _actor_classes() -> tuple[Any, Any]:
                 s.bind(("", 0))
                 return str(ray.util.get_node_ip_address()), int(s.getsockname()[1])
 
-        def train(self, env: dict[str, str]) -> int:
+        def train(self, env: dict[str, str]) -> dict[str, Any]:
+            """This rank's whole job; returns its memory report (:mod:`agentrl.launcher.memory`)."""
             import ray
 
             from agentrl.launcher.trainer_process import train
+
+            memory = MemorySampler()
+            memory.watch(f"trainer-{self.rank}", os.getpid(), tree=True)
+            memory.start()
 
             os.environ.update(env)  # torch.distributed's rendezvous
             if ray.get_gpu_ids():  # Ray shows this actor only its own GPUs: the first is its device
                 os.environ["LOCAL_RANK"] = "0"
             (self.run_dir / "logs" / f"trainer-{self.rank}.pid").write_text(str(os.getpid()))
-            asyncio.run(train(self.cfg, self.run_dir, os.environ["AGENTRL_REDIS_URL"], rank=self.rank))
-            return 0
+            try:
+                asyncio.run(train(self.cfg, self.run_dir, os.environ["AGENTRL_REDIS_URL"], rank=self.rank))
+            finally:
+                memory.stop()
+            return memory.report()
 
     return RolloutActor, TrainerActor
 
@@ -311,6 +328,8 @@ class TrainerGroup:
         self.actors: list[Any] = []
         self.refs: list[Any] = []
         self.node_ids: list[str] = []
+        self.pids: list[int] = []
+        self.memory_reports: list[dict[str, Any]] = []  # each rank's, once wait() returned
         self.restarts = 0
 
     async def start(self) -> None:
@@ -322,6 +341,7 @@ class TrainerGroup:
                                         name=f"trainer-{self.cfg.name}-{rank}-{self.restarts}").remote(
             self.cfg, str(self.run_dir), rank, r.trainer_cores) for rank in range(world)]
         self.node_ids = list(await asyncio.gather(*(a.node_id.remote() for a in self.actors)))
+        self.pids = list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
         address, port = await self.actors[0].rendezvous.remote()
         for rank, actor in enumerate(self.actors):
             env = {"AGENTRL_REDIS_URL": self.redis_url, "RANK": str(rank), "WORLD_SIZE": str(world),
@@ -337,7 +357,7 @@ class TrainerGroup:
 
         while True:
             try:
-                await asyncio.gather(*self.refs)
+                self.memory_reports = list(await asyncio.gather(*self.refs))
                 return
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                 if self.restarts >= self.cfg.resources.max_trainer_restarts:

@@ -9,6 +9,7 @@ from typing import Any
 
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout_curve import TARGET_ACCURACY, curve_figures
+from agentrl.launcher.memory import report_line
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
               f"{summary['trajectories_dropped_invalid']} + left in queue {summary['trajectories_left_in_queue']}"
               f" → balanced: {summary['books_balanced']}; trainer restarts: {summary['trainer_restarts']}, "
               f"SGLang server restarts: {summary.get('engine_restarts', 0)}"), ""]
+    if summary.get("memory"):
+        lines += [report_line(summary["memory"]), ""]
     if plot:
         lines += [f"![reward, accuracy and staleness]({plot.name})", ""]
     (run_dir / "report.md").write_text("\n".join(lines))

@@ -33,6 +33,7 @@ from agentrl.launcher.colocation import MemoryHandover, hands_over_memory, proce
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.heldout import heldout_eval
 from agentrl.launcher.ledger import record_process
+from agentrl.launcher.memory import MemorySampler
 from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
 from agentrl.launcher.resources import heldout_tasks, make_env_resources, pin_to_cores, tasks_from
 from agentrl.models import resolve_model
@@ -66,7 +67,10 @@ class RolloutLog:
 
 
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str, *, memory: MemorySampler | None = None) -> None:
+        """``memory``: the sampler of the process this worker runs in, when it has one (debug mode: the
+        controller's); without it the worker samples its own process (a Ray actor's) and reports it from
+        :meth:`memory_report`."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.redis_url = redis_url
@@ -77,6 +81,8 @@ class RolloutWorker:
         self.scheduler: RolloutScheduler | None = None
         self.gateway: LocalGateway | None = None  # for agent environments
         self._servers: list[SGLangServer] = []  # the servers started here (none with engine.url)
+        self._own_memory = memory is None
+        self.memory = memory or MemorySampler()
 
     async def start(self) -> str:
         """Start everything the rollout side needs; returns the engine URL."""
@@ -85,6 +91,10 @@ class RolloutWorker:
         load_imports(cfg.imports)  # user environments register in this process too
         if cfg.resources.rollout_cores is not None:
             pin_to_cores(cfg.resources.rollout_cores)  # SGLang and the sandboxes inherit it
+        if self._own_memory:
+            self.memory.watch("rollout", os.getpid())
+            self.memory.start()
+            stack.callback(self.memory.stop)
         base_model = resolve_model(cfg.model)
         self.tok = ChatTokenizer.from_pretrained(base_model)
         handle = await connect_redis(self.redis_url)
@@ -110,6 +120,9 @@ class RolloutWorker:
         stack.push_async_callback(self.registry.aclose)
         self.channel = SyncChannel(handle.client, registry_namespace(cfg.name))  # weight_sync: distributed/tensor
         self.resources = await make_env_resources(cfg, stack)
+        for server in self._servers:  # each server's whole tree (launcher, scheduler, detokenizer, …), then the rest
+            self.memory.watch(server.name, lambda s=server: s.pid, tree=True)
+        self.memory.watch("rollout_subprocesses", os.getpid(), tree=True)  # sandboxes, checker pool, router
         if agent:  # agent episodes talk to the engine through the gateway, served here once for all of them
             self.gateway = LocalGateway(self.engine, self.tok, self._gateway_config())
             await self.gateway.start()
@@ -262,6 +275,11 @@ class RolloutWorker:
         what ``resources.placement`` gave the rollout side, as applied."""
         return {"rollout": process_cores(os.getpid()),
                 "engine": [process_cores(s.pid) for s in self._servers if s.pid is not None]}
+
+    async def memory_report(self) -> dict[str, Any] | None:
+        """This process's memory figures (:meth:`MemorySampler.report`); None when the process's sampler is
+        someone else's (debug mode: the controller reports it)."""
+        return self.memory.report() if self._own_memory else None
 
     async def queue_length(self) -> int:
         return (await self.queue.stats()).length

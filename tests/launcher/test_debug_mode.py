@@ -48,6 +48,9 @@ def test_a_tiny_run_completes_in_one_process_without_ray(tmp_path: Path, shared_
     assert summary["final_weight_version"] == 1 and summary["trajectories_consumed"] == 4 and summary["books_balanced"]
     assert yaml.safe_load((run / "config.yaml").read_text())["resources"]["ray"] is False
     assert (run / "weights" / "v1" / "config.json").exists()
+    # one process (rollout and trainer thread in it) and its embedded Redis; the SGLang server is not the run's
+    per = summary["memory"]["per_process"]
+    assert set(per) <= {"driver", "redis", "rollout_subprocesses"} and per["driver"] > 0.1 and per["redis"] > 0, per
 
 
 def test_a_run_with_distributed_weight_sync_writes_no_weights_and_serves_every_version(tmp_path: Path,

@@ -103,6 +103,9 @@ async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_pa
         def node_id(self) -> str:
             return ray.get_runtime_context().get_node_id()
 
+        def pid(self) -> int:
+            return os.getpid()
+
         def rendezvous(self) -> tuple[str, int]:
             return ("192.0.2.10", 4567) if self.rank == 0 else ("not-rank-0", 1)
 
@@ -118,6 +121,7 @@ async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_pa
         group.kill()
     here = ray.get_runtime_context().get_node_id()
     assert group.node_ids == [here, here]
+    assert len(set(group.pids)) == 2 and os.getpid() not in group.pids  # the controller skips their trees
     assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "0", "2"), ("1", "1", "2")]
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["AGENTRL_REDIS_URL"]) for e in envs} == {
         ("192.0.2.10", "4567", "redis://somewhere:6379/0")}

@@ -46,6 +46,12 @@ def test_report_breaks_held_out_accuracy_down_by_wording(tmp_path):
     first = FAMILIES["heldout"][0].text
     assert f"| {first} | 1/2 | 2/2 |" in report  # problems 0 and 4 are the first wording
     assert "balanced: True" in report
+    assert "peak memory" not in report  # a summary without a memory block (older runs) has no line for it
+    summary["memory"] = {"peak_concurrent_gb": 7.25, "sum_of_peaks_gb": 9.5, "processes": 31, "total_ram_gb": 24.0,
+                         "per_process": {"trainer-0": 5.75, "sglang": 2.5, "driver": 1.25}}
+    write_report(run, summary)
+    assert ("peak memory: 7.25 GB concurrent (sum of peaks 9.50 GB) over 31 processes; trainer rank 0 5.75 GB; "
+            "SGLang 2.50 GB") in (run / "report.md").read_text()
 
 
 def test_template_of_finds_the_wording_and_nothing_else():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,20 @@ async def test_the_engine_pool_and_its_clients_get_the_runs_engine_settings(tmp_
         assert cfg.engine.timeouts.generate_s == 42
     finally:
         await pool.aclose()
+
+
+def test_the_worker_reports_memory_only_from_a_sampler_of_its_own(tmp_path: Path) -> None:
+    """A Ray actor's worker samples its own process and reports it; in debug mode it adds its watches to the
+    controller's sampler, which reports them: reported twice, they would be counted twice."""
+    import asyncio
+
+    from agentrl.launcher.memory import MemorySampler
+
+    cfg = load_config(None, [])
+    shared = MemorySampler()
+    assert asyncio.run(RolloutWorker(cfg, tmp_path, "redis://unused", memory=shared).memory_report()) is None
+    own = RolloutWorker(cfg, tmp_path, "redis://unused")
+    own.memory.watch("rollout", os.getpid())
+    own.memory.sample()
+    report = asyncio.run(own.memory_report())
+    assert report is not None and report["peaks"]["rollout"] > 0 and report["processes"] == 1
