@@ -9,7 +9,7 @@ or trailing ``key=value``), in a run directory under a temporary directory (remo
 the tiny model never answers right, so its times are ``none``.
 
 A single run, not a comparison: there is no floor to alternate with (the figure is the run's own), and one run's
-time varies with the seed (docs/results.md#the-demo). The times are the start of the first evaluation after SFT
+time varies with the seed (docs/results.md#the-demo). The times are the start of the first evaluation from SFT on
 that reached 0.9, since the run started (``time_to_heldout_0.9_s``, from the controller's start: SFT included,
 Python's and the servers' start-up not) and since RL started (``_rl_s``); ``none`` when no evaluation did.
 Last line: ``time_to_heldout_0.9_s=… time_to_heldout_0.9_rl_s=… heldout_sft=… heldout_after=… wall_s=…

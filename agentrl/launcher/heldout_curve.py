@@ -20,7 +20,7 @@ resume both count from the resumed process's start). A failed evaluation never s
 
 The curve (``summary.json: heldout_curve``) is the ``sft`` evaluation (the policy RL starts from, at
 ``t_rl_s`` 0), the mid-run ones by version, and ``after``. The time to an accuracy is that of the first
-evaluation after SFT (mid-run or ``after``) that reached it, taken at its start: its weights were served from then.
+evaluation from SFT on (``sft``, mid-run or ``after``) that reached it, taken at its start: its weights were served from then.
 """
 
 from __future__ import annotations
@@ -164,10 +164,11 @@ def heldout_curve(evals: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def time_to_accuracy(curve: list[dict[str, Any]], target: float, clock: str) -> float | None:
-    """``clock`` (``t_run_s`` or ``t_rl_s``) of the first evaluation after SFT whose accuracy is >= ``target``, or
-    None if none was (or it has no time)."""
+    """``clock`` (``t_run_s`` or ``t_rl_s``) of the first evaluation from SFT on whose accuracy is >= ``target``, or
+    None if none was (or it has no time). The SFT point counts: a model that is good after SFT is good from then on
+    (``t_rl_s`` 0); leaving it out would report the first mid-run evaluation instead, a time later than the truth."""
     for p in curve:
-        if p["label"] != "sft" and p["accuracy"] >= target:
+        if p["accuracy"] >= target:
             return p.get(clock)
     return None
 

@@ -179,10 +179,11 @@ def test_curve_and_time_to_accuracy() -> None:
         ("sft", 0, 0.0), ("v5", 5, 100.0), ("v10", 10, 200.0), ("after", 15, 300.0)]
     assert curve[0]["t_run_s"] == 30.0 and set(curve[1]) == {"label", "version", "accuracy", "reward_mean", "t_rl_s",
                                                             "t_run_s"}
-    # the SFT point does not count (it is the policy RL starts from): the first evaluation after it that reached 0.9
-    assert time_to_accuracy(curve, 0.9, "t_run_s") == 260.0 and time_to_accuracy(curve, 0.9, "t_rl_s") == 200.0
-    assert time_to_accuracy(curve, 0.8, "t_rl_s") == 100.0
+    # the SFT point counts: at 0.95 the run was at 0.9 from the SFT evaluation's start on
+    assert time_to_accuracy(curve, 0.9, "t_run_s") == 30.0 and time_to_accuracy(curve, 0.9, "t_rl_s") == 0.0
+    assert time_to_accuracy(curve, 0.96, "t_run_s") == 360.0 and time_to_accuracy(curve, 0.96, "t_rl_s") == 300.0
     assert time_to_accuracy(curve, 0.99, "t_run_s") is None
+    evals["sft"]["accuracy"] = 0.75  # then the first evaluation that reached 0.9 (v10), not the best (after)
     figures = curve_figures(evals)
     assert figures["time_to_heldout_0.9_s"] == 260.0 and figures["time_to_heldout_0.9_rl_s"] == 200.0
     assert curve_figures({}) == {"heldout_curve": [], "time_to_heldout_0.9_s": None,
