@@ -48,7 +48,9 @@ def _run(config_path: Path | None, overrides: list[str], base: dict | None, pref
          overwrite: bool) -> None:
     from agentrl.launcher.config import load_config
     from agentrl.launcher.driver import run_training
+    from agentrl.launcher.signals import stop_on_sigterm, terminated
 
+    stop_on_sigterm()
     try:
         cfg = load_config(config_path, overrides, base=base).with_default_name(prefix)
         summary = asyncio.run(run_training(cfg, resume=resume, overwrite=overwrite))
@@ -56,8 +58,9 @@ def _run(config_path: Path | None, overrides: list[str], base: dict | None, pref
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        typer.secho("interrupted: every process of the run was stopped", fg=typer.colors.YELLOW, err=True)
-        raise typer.Exit(130) from None
+        how, code = ("terminated (SIGTERM)", 143) if terminated() else ("interrupted", 130)
+        typer.secho(f"{how}: every process of the run was stopped", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(code) from None
     typer.echo(json.dumps(summary, indent=2))
     typer.echo(f"run directory: {cfg.run_dir()}")
 

@@ -220,7 +220,11 @@ def test_second_step_was_generated_by_v1(smoke_run: Path):
     assert versions[:8] == [[0]] * 8 and versions[8:] == [[1]] * 8  # η = 0: strictly alternating
 
 
-def test_ctrl_c_stops_every_process(tmp_path: Path):
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, sig: signal.Signals, code: int, said: str):
+    """SIGTERM (kill, a cluster scheduler) takes Ctrl-C's path: before, Ray's handler aborted the controller (exit
+    134) and the clean-up never ran."""
     runs = tmp_path / "runs"
     proc = subprocess.Popen([*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=interrupted", "sft.enabled=false",
                              "steps=50"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -230,10 +234,10 @@ def test_ctrl_c_stops_every_process(tmp_path: Path):
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(1)
     assert (run_dir / "rollouts.jsonl").exists(), "the run never started producing rollouts"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out[-3000:]
-    assert "interrupted" in out
+    assert proc.returncode == code, out[-3000:]
+    assert f"{said}: every process of the run was stopped" in out
     assert _gone(lambda: _processes_mentioning(str(run_dir))) == []
     assert _gone(lambda: _ray_of(proc.pid)) == []
     assert _gone(lambda: _alive_in_recorded_groups(run_dir)) == []

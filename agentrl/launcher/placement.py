@@ -218,6 +218,8 @@ def ray_init(cfg: RunConfig) -> Any:
     """Ray, started as a local cluster (or joining ``resources.ray_address``) unless it runs already."""
     import ray
 
+    from agentrl.launcher.signals import stop_on_sigterm
+
     if ray.is_initialized():
         return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster: no token file in the user's home
@@ -233,6 +235,7 @@ def ray_init(cfg: RunConfig) -> Any:
         need = r.rollout_num_cpus + r.trainer_world_size * r.trainer_num_cpus
         ray.init(include_dashboard=False, num_cpus=max(need, float(os.cpu_count() or 1)), log_to_driver=True,
                  configure_logging=False, resources=r.local_cluster_resources() or None)
+    stop_on_sigterm()  # ray.init replaced our SIGTERM handler with one that aborts the controller
     return ray
 
 
