@@ -222,11 +222,13 @@ def _gb(n: int) -> float:
 
 
 def report_line(memory: Mapping[str, Any]) -> str:
-    """The line of ``report.md``: "peak memory: X GB concurrent (sum of peaks Y GB) over N processes; …"."""
+    """The line of ``report.md``: "peak memory: X GB concurrent (sum of peaks Y GB) over N processes seen in the run
+    (short-lived ones included); …" (N counts every sandbox run too: 5,461 in a demo)."""
     per = memory.get("per_process", {})
     sglang = sum(v for k, v in per.items() if k.startswith("sglang"))
     parts = [f"peak memory: {memory['peak_concurrent_gb']:.2f} GB concurrent (sum of peaks "
-             f"{memory['sum_of_peaks_gb']:.2f} GB) over {memory['processes']} processes"]
+             f"{memory['sum_of_peaks_gb']:.2f} GB) over {memory['processes']} processes seen in the run "
+             "(short-lived ones included)"]
     if "trainer-0" in per:
         parts.append(f"trainer rank 0 {per['trainer-0']:.2f} GB")
     if sglang:

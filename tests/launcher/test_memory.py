@@ -161,5 +161,5 @@ def test_combine_of_nothing_and_the_report_line():
     assert empty["peak_concurrent_gb"] == 0 and empty["per_process"] == {} and empty["processes"] == 0
     line = report_line({"peak_concurrent_gb": 5.5, "sum_of_peaks_gb": 6.25, "processes": 12, "total_ram_gb": 24.0,
                         "per_process": {"trainer-0": 2.5, "sglang": 1.5, "sglang-1": 1.0, "driver": 0.5}})
-    assert line.startswith("peak memory: 5.50 GB concurrent (sum of peaks 6.25 GB) over 12 processes; "
+    assert line.startswith("peak memory: 5.50 GB concurrent (sum of peaks 6.25 GB) over 12 processes seen in the run (short-lived ones included); "
                            "trainer rank 0 2.50 GB; SGLang 2.50 GB")

@@ -50,7 +50,7 @@ def test_report_breaks_held_out_accuracy_down_by_wording(tmp_path):
     summary["memory"] = {"peak_concurrent_gb": 7.25, "sum_of_peaks_gb": 9.5, "processes": 31, "total_ram_gb": 24.0,
                          "per_process": {"trainer-0": 5.75, "sglang": 2.5, "driver": 1.25}}
     write_report(run, summary)
-    assert ("peak memory: 7.25 GB concurrent (sum of peaks 9.50 GB) over 31 processes; trainer rank 0 5.75 GB; "
+    assert ("peak memory: 7.25 GB concurrent (sum of peaks 9.50 GB) over 31 processes seen in the run (short-lived ones included); trainer rank 0 5.75 GB; "
             "SGLang 2.50 GB") in (run / "report.md").read_text()
 
 
