@@ -34,7 +34,7 @@ async def test_openai_client_multi_turn_tool_calls_make_one_exact_branch(gateway
         client = openai.AsyncOpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
         messages = list(MESSAGES)
         for _ in range(2):
-            kwargs: dict[str, Any] = dict(model="tiny", messages=messages, tools=TOOLS, max_tokens=64,
+            kwargs: dict[str, Any] = dict(model="tiny", messages=messages, tools=TOOLS, max_tokens=128,
                                           extra_body={"regex": FORCE_CALL})
             if stream:
                 chunks = [c async for c in await client.chat.completions.create(**kwargs, stream=True)]
@@ -71,7 +71,7 @@ async def test_anthropic_client_tool_use_round_trip(gateway: Served, chat_tokeni
                                       max_retries=0)
     tools = [{"name": "add", "description": "Add two integers.", "input_schema": TOOLS[0]["function"]["parameters"]}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": "2+3?"}]
-    async with client.messages.stream(model="tiny", max_tokens=64, system="Use the tools.", messages=messages,
+    async with client.messages.stream(model="tiny", max_tokens=128, system="Use the tools.", messages=messages,
                                       tools=tools, extra_body={"regex": FORCE_CALL}) as s:
         first = await s.get_final_message()
     use = first.content[-1]
