@@ -147,8 +147,7 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
             await _first(rollout.load_version(0), trainers)
         timeline = Timeline(t_start)
         if heldout and "sft" not in evals:
-            stamp = timeline.stamp()  # the start of the evaluation, as for every point of the held-out curve
-            evals["sft"] = {**await _first(_evaluate(rollout, "sft", run_dir), trainers), **stamp}
+            evals["sft"] = await _first(_evaluate(rollout, "sft", run_dir, timeline), trainers)
             _save_evals(run_dir, evals)
         start_version = point.version if point is not None else 0
         if start_version > 0:  # the resumed trainer re-publishes it (re-exported if it was pruned)
@@ -162,8 +161,7 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         await trainers.wait()
         rl_wall_s = time.monotonic() - t_rl
         if heldout:
-            stamp = timeline.stamp()
-            evals["after"] = {**await _evaluate(rollout, "after", run_dir), **stamp}
+            evals["after"] = await _evaluate(rollout, "after", run_dir, timeline)
             _save_evals(run_dir, evals)
         served = await rollout.weight_version()
         left = await rollout.queue_length()
@@ -207,13 +205,15 @@ async def _rewind(cfg: RunConfig, client: Any, point: ResumePoint) -> int:
     return carried
 
 
-async def _evaluate(rollout: Any, label: str, run_dir: Path) -> dict[str, Any]:
-    """A held-out evaluation on the rollout side; its records come back to be written here."""
+async def _evaluate(rollout: Any, label: str, run_dir: Path, timeline: Timeline | None = None) -> dict[str, Any]:
+    """A held-out evaluation on the rollout side; its records come back to be written here. With ``timeline``,
+    the figures carry the evaluation's start (as every point of the held-out curve does)."""
     from agentrl.launcher.heldout import write_records
 
+    stamp = timeline.stamp() if timeline is not None else {}
     figures, records = await rollout.evaluate_heldout(label)
     write_records(run_dir / f"eval_{label}.jsonl", records)
-    return dict(figures)
+    return {**figures, **stamp}
 
 
 def _mid_run_evals(cfg: RunConfig, rollout: Any, run_dir: Path, evals: dict[str, Any], timeline: Timeline,
