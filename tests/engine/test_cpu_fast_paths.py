@@ -51,14 +51,16 @@ def test_batched_decode_equals_the_per_request_loop(heads: int, kv_heads: int, d
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dtype", "causal", "budget"), [
-    (4, 2, torch.float32, True, 1 << 22),  # one group
-    (9, 3, torch.bfloat16, True, 1 << 22),
-    (4, 4, torch.float32, True, 4000),  # a small budget: several groups, the long request alone
-    (4, 2, torch.float32, False, 1 << 22),  # encoder-only layers: no causal mask
+@pytest.mark.parametrize(("heads", "kv_heads", "dtype", "causal", "budget", "fresh"), [
+    (4, 2, torch.float32, True, 1 << 22, False),  # one group, explicit mask
+    (9, 3, torch.bfloat16, True, 1 << 22, False),
+    (4, 4, torch.float32, True, 4000, False),  # several groups, the long request alone (SDPA's causal mask)
+    (4, 2, torch.float32, False, 1 << 22, False),  # encoder-only layers: no causal mask
+    (9, 3, torch.bfloat16, True, 1 << 22, True),  # no cached prefix: right-padded requests under SDPA's causal mask
+    (4, 2, torch.float32, True, 1 << 22, True),
 ])
 def test_batched_extend_equals_the_per_request_loop(heads: int, kv_heads: int, dtype: torch.dtype, causal: bool,
-                                                    budget: int) -> None:
+                                                    budget: int, fresh: bool) -> None:
     """Mixed lengths, prefix-cached requests (only their new tokens are queries), one-token extends."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
@@ -66,7 +68,7 @@ def test_batched_extend_equals_the_per_request_loop(heads: int, kv_heads: int, d
     original = TorchNativeAttnBackend._run_sdpa_forward_extend  # unpatched in this process
     batched = _load_fast_paths().batched_forward_extend(original, budget=budget)
     dim, pool = 16, 4000
-    prefix = torch.tensor([0, 6, 0, 250, 63, 0, 1])
+    prefix = torch.tensor([0, 6, 0, 250, 63, 0, 1]) * (not fresh)
     new = torch.tensor([1, 1, 300, 50, 1, 17, 40])
     seq_lens = prefix + new
     k_cache, v_cache = torch.randn(pool, kv_heads, dim, dtype=dtype), torch.randn(pool, kv_heads, dim, dtype=dtype)
