@@ -7,7 +7,14 @@ sampling; the default of every server agentrl starts on CPU). Each round sends t
 ``--concurrency`` at a time, ``--max-new-tokens`` each (ignore_eos, with logprobs as RL asks), alternating which
 server goes first. Servers are pinned to core 0 (as ``rollout_cores: [0]`` in the demo), the client to the rest.
 
-Last line: ``fast_vs_native=… tokens_per_s=… native_tokens_per_s=…`` (median of per-round ratios).
+``decode_mfu`` / ``native_decode_mfu``: model FLOPs per generated token (2 × the matmul parameters a token uses,
+decoder and LM head, + attention's 4 · layers · context · hidden at the mean context of a generated token) ×
+tokens/s ÷ the one-thread matmul rate in the server's dtype (:func:`agentrl.hardware.matmul_gflops`, the best of
+3 before and of 3 after the rounds, averaged; the servers run on one core). Prompt (prefill) FLOPs are not counted,
+so it understates the work done; it says how far decode is from the core's matmul rate, not a peak.
+
+Last line: ``fast_vs_native=… tokens_per_s=… native_tokens_per_s=… decode_mfu=… native_decode_mfu=…`` (median of
+per-round ratios, median tokens/s).
 Usage: .venv/bin/python benchmarks/sglang_decode_bench.py [--model smollm2-135m-instruct] [--dtype bfloat16]
 """
 
@@ -24,6 +31,7 @@ from pathlib import Path
 from _common import MIN_ROUNDS, ainterleaved, environment, last_line, start_pinned  # this folder's
 
 from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
+from agentrl.hardware import engine_dtype, matmul_gflops
 from agentrl.models import resolve_model
 
 
@@ -41,14 +49,38 @@ async def round_tps(url: str, prompts: list[list[int]], concurrency: int, max_ne
         return tokens / (time.perf_counter() - t0)
 
 
+def decode_flops_per_token(model: Path, context: float) -> float:
+    """2 × matmul parameters per token (attention and MLP projections, LM head) + 4 · layers · context · hidden."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(model))
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    kv = cfg.num_key_value_heads * (getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
+    params = layers * (2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size) + h * cfg.vocab_size
+    return 2 * params + 4 * layers * context * h
+
+
+def matmul_rate(dtype: str) -> float:
+    """FLOP/s of one thread in ``dtype`` (``auto``, ``fp32``/``bf16`` or SGLang's ``float32``/``bfloat16``): the
+    best of 3 (a shared machine slows some)."""
+    served = engine_dtype(dtype, "cpu")
+    trainer_name = {"float32": "fp32", "bfloat16": "bf16"}.get(served)
+    if trainer_name is None:
+        raise SystemExit(f"--dtype {dtype}: expected auto, float32/fp32 or bfloat16/bf16 (a CPU server's dtypes)")
+    return max(matmul_gflops(trainer_name) for _ in range(3)) * 1e9  # type: ignore[arg-type]
+
+
 async def main(args: argparse.Namespace) -> None:
     model = resolve_model(args.model)
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(args.prompt_tokens // 2, args.prompt_tokens * 3 // 2))]
                for _ in range(args.requests)]
     env = environment(dtype=args.dtype, packages=("sglang", "torch"))
+    context = statistics.mean(len(p) + (args.max_new_tokens - 1) / 2 for p in prompts)  # a generated token's mean
+    flops = decode_flops_per_token(model, context)
+    rate_before = matmul_rate(args.dtype)
     servers = {name: SGLangServer(SGLangServerConfig(
-        model_path=str(model), dtype=args.dtype, max_total_tokens=65536,
+        model_path=str(model), dtype=args.dtype, max_total_tokens=args.max_total_tokens,
         env={"AGENTRL_SGLANG_CPU_PATCHES": flag}), log_path=Path(tempfile.gettempdir()) / f"sglang_decode_bench_{name}.log")
         for name, flag in (("native", "0"), ("fast", "1"))}
     try:
@@ -67,13 +99,18 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         for s in servers.values():
             s.stop()
+    rate = (rate_before + matmul_rate(args.dtype)) / 2
+    tps, native_tps = statistics.median(cmp.ours), statistics.median(cmp.base)
     lo, hi = cmp.range
     print(f"{args.requests} requests of ~{args.prompt_tokens} prompt tokens, {args.max_new_tokens} new tokens each, "
           f"concurrency {args.concurrency}, model {args.model} ({args.dtype}), servers on 1 core (pinned {pinning}); "
           f"fast / native per round: median {cmp.median:.3f}, range {lo:.3f}-{hi:.3f}"
           + ("" if args.rounds >= MIN_ROUNDS else f"; only {args.rounds} rounds: a check, not a figure to quote"))
-    print(last_line({**cmp.fields("fast_vs_native"), "tokens_per_s": statistics.median(cmp.ours),
-                     "native_tokens_per_s": statistics.median(cmp.base), "model": args.model,
+    print(f"{flops / 1e6:.1f} MFLOP per generated token (mean context {context:.0f}), matmul rate "
+          f"{rate / 1e9:.1f} GFLOP/s on one thread in {args.dtype}")
+    print(last_line({**cmp.fields("fast_vs_native"), "tokens_per_s": tps, "native_tokens_per_s": native_tps,
+                     "decode_mfu": flops * tps / rate, "native_decode_mfu": flops * native_tps / rate,
+                     "matmul_gflops": rate / 1e9, "model": args.model,
                      "requests": args.requests, "concurrency": args.concurrency,
                      "max_new_tokens": args.max_new_tokens}, env))
 
@@ -87,6 +124,8 @@ if __name__ == "__main__":
     p.add_argument("--prompt-tokens", type=int, default=300)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=MIN_ROUNDS)
+    p.add_argument("--max-total-tokens", type=int, default=65536,
+                   help="each server's KV-cache size in tokens (its memory: ~46 KB a token in fp32 for the 135M model)")
     p.add_argument("--quick", action="store_true", help="a check that the script runs: 8 requests of ~64 prompt "
                                                         "tokens x 16 new, 2 rounds (not a figure to quote)")
     a = p.parse_args()

@@ -1,4 +1,4 @@
-"""The CPU fast paths agentrl installs into SGLang (batched decode attention, inverse-CDF sampling): same results
+"""The CPU fast paths agentrl installs into SGLang (batched decode and extend attention, inverse-CDF sampling): same results
 as the code they replace, installed in the server's processes, and a real server's logprobs match transformers'."""
 
 from __future__ import annotations
@@ -51,6 +51,65 @@ def test_batched_decode_equals_the_per_request_loop(heads: int, kv_heads: int, d
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dtype", "causal", "budget", "fresh"), [
+    (4, 2, torch.float32, True, 1 << 22, False),  # one group, explicit mask
+    (9, 3, torch.bfloat16, True, 1 << 22, False),
+    (4, 4, torch.float32, True, 4000, False),  # several groups, the long request alone (SDPA's causal mask)
+    (4, 2, torch.float32, False, 1 << 22, False),  # encoder-only layers: no causal mask
+    (9, 3, torch.bfloat16, True, 1 << 22, True),  # no cached prefix: right-padded requests under SDPA's causal mask
+    (4, 2, torch.float32, True, 1 << 22, True),
+])
+def test_batched_extend_equals_the_per_request_loop(heads: int, kv_heads: int, dtype: torch.dtype, causal: bool,
+                                                    budget: int, fresh: bool) -> None:
+    """Mixed lengths, prefix-cached requests (only their new tokens are queries), one-token extends."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    torch.manual_seed(0)
+    original = TorchNativeAttnBackend._run_sdpa_forward_extend  # unpatched in this process
+    batched = _load_fast_paths().batched_forward_extend(original, budget=budget)
+    dim, pool = 16, 4000
+    prefix = torch.tensor([0, 6, 0, 250, 63, 0, 1]) * (not fresh)
+    new = torch.tensor([1, 1, 300, 50, 1, 17, 40])
+    seq_lens = prefix + new
+    k_cache, v_cache = torch.randn(pool, kv_heads, dim, dtype=dtype), torch.randn(pool, kv_heads, dim, dtype=dtype)
+    req_to_token = torch.randint(0, pool, (16, 512), dtype=torch.int32)  # junk past each length must not matter
+    req_pool_indices = torch.tensor([9, 2, 0, 15, 4, 7, 11])
+    query = torch.randn(int(new.sum()), heads, dim, dtype=dtype)
+    args = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, prefix, new)
+    kw = {"scaling": dim ** -0.5, "enable_gqa": heads != kv_heads, "causal": causal}
+    want = original(types.SimpleNamespace(), query, torch.zeros_like(query), *args, **kw)
+    got = batched(types.SimpleNamespace(), query, torch.full_like(query, float("nan")), *args, **kw)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)  # NaN left anywhere (a row not written) fails
+
+
+def test_extend_groups_bound_the_padded_block() -> None:
+    groups = _load_fast_paths()._length_groups
+    ext, lens = [10, 4000, 10, 12, 9], [10, 4000, 10, 12, 9]
+    got = groups(ext, lens, 1 << 22)
+    assert sorted(r for g in got for r in g) == [0, 1, 2, 3, 4]
+    assert [1] in got and all(len(g) * max(ext[r] for r in g) * max(lens[r] for r in g) <= 1 << 22
+                              for g in got if g != [1])
+    assert groups(ext, lens, 10**9) == [[4, 0, 2, 3, 1]]  # a large budget: one group, sorted by length
+
+
+def test_uncovered_extend_calls_go_to_the_original() -> None:
+    calls = []
+
+    def original(*args: object, **kwargs: object) -> str:
+        calls.append(kwargs)
+        return "original"
+
+    batched = _load_fast_paths().batched_forward_extend(original)
+    q = torch.zeros(2, 2, 4)
+    one = torch.ones(1, dtype=torch.long)
+    table, rows = torch.zeros(1, 4, dtype=torch.int32), torch.zeros(1, dtype=torch.long)
+    assert batched(None, q, q, q[0], q[0], table, rows, one * 2, one * 0, one * 2, sliding_window_size=16) == "original"
+    assert batched(None, q, q, q[0], q[0], table, rows, one * 2, one * 0, one * 2, encoder_lens=one) == "original"
+    assert batched(None, q, q, q[0], q[0], table, rows, one * 3, one * 0, one * 2) == "original"  # prefix + new ≠ len
+    assert len(calls) == 3 and calls[0]["sliding_window_size"] == 16
+
+
 @pytest.mark.parametrize("order", ["shim first", "sglang first"])
 def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> None:
     imports = ["import sgl_kernel", "import sglang.srt.layers.attention.torch_native_backend as m",
@@ -58,6 +117,7 @@ def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> Non
     if order == "sglang first":  # the backend's own imports pull in sgl_kernel while it is half-initialised ...
         imports = [imports[1], imports[2]]  # ... and it is patched at the next import
     probe = ("print(getattr(m.TorchNativeAttnBackend._run_sdpa_forward_decode, 'agentrl_batched', False) and "
+             "getattr(m.TorchNativeAttnBackend._run_sdpa_forward_extend, 'agentrl_batched', False) and "
              "getattr(s.sampling_from_probs_torch, 'agentrl_fast', False))")
     code = "; ".join([*imports, probe])
     env = {**os.environ, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1"}
