@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,18 @@ STEPS = 3
 
 
 def _run_world(world: int, cfg_json: str, out: Path) -> dict:
-    tmp.spawn(run_steps, args=(world, free_port(), cfg_json, STEPS, str(out)), nprocs=world, join=True)
+    try:
+        tmp.spawn(run_steps, args=(world, free_port(), cfg_json, STEPS, str(out)), nprocs=world, join=True)
+    except tmp.ProcessExitedException as exc:
+        # Seen once (a fresh-clone CI run, 2026-11-26): rank 1 of the gloo pair aborted ("terminate called without an
+        # active exception", SIGABRT) and 6 local reruns passed. An abort by a signal is retried once, with a
+        # warning, so the flake stays visible; a crash that repeats fails, and every assertion runs on the rerun.
+        # Open: find the C++ thread that outlives its owner (the process group's teardown is the suspect).
+        if exc.signal_name != "SIGABRT":
+            raise
+        warnings.warn(f"world size {world}: a rank aborted ({exc}); retried once", stacklevel=1)
+        out.unlink(missing_ok=True)
+        tmp.spawn(run_steps, args=(world, free_port(), cfg_json, STEPS, str(out)), nprocs=world, join=True)
     return json.loads(out.read_text())
 
 
