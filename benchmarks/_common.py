@@ -198,3 +198,11 @@ def fmt(value: Any) -> str:
 def last_line(figures: Mapping[str, Any], env: Mapping[str, Any]) -> str:
     """``name=value`` pairs: the benchmark's figures, then the environment footer and ``load1_end`` (now)."""
     return " ".join(f"{k}={fmt(v)}" for k, v in {**figures, **env, "load1_end": os.getloadavg()[0]}.items())
+
+
+def decoder_matmul_params(cfg: Any) -> int:
+    """Matmul parameters one token uses in a decoder's layers (attention and MLP projections; not the LM head), from
+    an HF config: the FLOP counts of ``trainer_mfu`` and ``decode_mfu`` start from it."""
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    kv = cfg.num_key_value_heads * (getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
+    return layers * (2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size)

@@ -28,7 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import MIN_ROUNDS, ainterleaved, environment, last_line, start_pinned  # this folder's
+from _common import (  # this folder's
+    MIN_ROUNDS,
+    ainterleaved,
+    decoder_matmul_params,
+    environment,
+    last_line,
+    start_pinned,
+)
 
 from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig
 from agentrl.hardware import engine_dtype, matmul_gflops
@@ -55,9 +62,7 @@ def decode_flops_per_token(model: Path, context: float) -> float:
 
     cfg = AutoConfig.from_pretrained(str(model))
     h, layers = cfg.hidden_size, cfg.num_hidden_layers
-    kv = cfg.num_key_value_heads * (getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
-    params = layers * (2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size) + h * cfg.vocab_size
-    return 2 * params + 4 * layers * context * h
+    return 2 * (decoder_matmul_params(cfg) + h * cfg.vocab_size) + 4 * layers * context * h
 
 
 def matmul_rate(dtype: str) -> float:

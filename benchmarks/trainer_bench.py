@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from _common import MIN_ROUNDS, Comparison, environment, interleaved, last_line  # this folder's
+from _common import MIN_ROUNDS, Comparison, decoder_matmul_params, environment, interleaved, last_line  # this folder's
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -126,8 +126,7 @@ def matmul_flops(hidden: int, inter: int, threads: int, reps: int = 30) -> float
 def step_flops(lm_cfg: Any, batch: list[Trajectory], layout: str, passes: float) -> float:
     """Model FLOPs of one RL step (see the module docstring); ``passes``: 3 for fwd+bwd, +1 per no-grad pass."""
     h, layers, vocab = lm_cfg.hidden_size, lm_cfg.num_hidden_layers, lm_cfg.vocab_size
-    kv = lm_cfg.num_key_value_heads * (h // lm_cfg.num_attention_heads)
-    per_token = layers * (2 * h * h + 2 * h * kv + 3 * h * lm_cfg.intermediate_size)  # decoder matmul params
+    per_token = decoder_matmul_params(lm_cfg)
     scored = sum(int(sum(int(m) for m in t.loss_mask[1:])) for t in batch)
     if layout == "shared_prefix":  # a group's prompt runs once
         prompts = {t.group_id: t.prompt_len for t in batch}

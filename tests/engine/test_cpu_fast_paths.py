@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,13 +94,19 @@ def test_extend_groups_bound_the_padded_block() -> None:
     assert groups(ext, lens, 10**9) == [[4, 0, 2, 3, 1]]  # a large budget: one group, sorted by length
 
 
-def test_uncovered_extend_calls_go_to_the_original() -> None:
-    calls = []
+def _recording_original() -> tuple[list[dict[str, object]], Callable[..., str]]:
+    """A stand-in for SGLang's own method: records each call's keyword arguments and returns "original"."""
+    calls: list[dict[str, object]] = []
 
     def original(*args: object, **kwargs: object) -> str:
         calls.append(kwargs)
         return "original"
 
+    return calls, original
+
+
+def test_uncovered_extend_calls_go_to_the_original() -> None:
+    calls, original = _recording_original()
     batched = _load_fast_paths().batched_forward_extend(original)
     q = torch.zeros(2, 2, 4)
     one = torch.ones(1, dtype=torch.long)
@@ -131,12 +138,7 @@ def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> Non
 
 
 def test_uncovered_calls_go_to_the_original() -> None:
-    calls = []
-
-    def original(*args: object, **kwargs: object) -> str:
-        calls.append(kwargs)
-        return "original"
-
+    calls, original = _recording_original()
     batched = _load_fast_paths().batched_forward_decode(original)
     q = torch.zeros(1, 2, 4)
     out = batched(None, q, q, q[0], q[0], torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.long),
