@@ -197,8 +197,8 @@ def build_policy(
     logits_chunk_tokens: int | None = None,
     lora: LoraConfig | None = None,
 ) -> tuple[ScoredLM, bool]:
-    """Load an HF causal LM in fp32, add LoRA adapters if ``lora`` (only they train then), shard each decoder layer
-    then the root with FSDP2; return it and whether activation checkpointing is on (``activation_checkpointing`` may
+    """Load an HF causal LM in fp32 (a frozen one in bf16 when computing in bf16), add LoRA adapters if ``lora``
+    (only they train then), shard each decoder layer then the root with FSDP2; return it and whether activation checkpointing is on (``activation_checkpointing`` may
     be a rule deciding it from the loaded model, adapters included)."""
     lm = load_lm(path)
     layer_names = set(getattr(lm, "_no_split_modules", None) or ())
@@ -220,6 +220,13 @@ def build_policy(
     lm.train(trainable)
     if not trainable:
         lm.requires_grad_(False)
+        if dtype == "bf16":
+            # a frozen model (the KL term's reference) needs no fp32 master copy: kept in bf16 it takes half the RAM,
+            # and computes the same values (FSDP2 would cast its fp32 weights to bf16 on every forward; it casts
+            # none when they already are, and still casts the floating-point inputs by the same policy). Parameters
+            # only: buffers (the rotary inv_freq) stay fp32, as FSDP2 leaves them in the policy.
+            for p in lm.parameters():  # tied weights are one Parameter: cast once, still tied
+                p.data = p.data.to(torch.bfloat16)
     wrapper = ScoredLM(lm, logits_chunk_tokens, lora=lora if peft is not None else None, peft=peft)
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

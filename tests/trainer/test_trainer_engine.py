@@ -142,9 +142,14 @@ def test_bf16_mixed_precision_tracks_fp32(tiny_config) -> None:
         torch.testing.assert_close(a, b, atol=0.1, rtol=0)
 
 
-def test_kl_to_reference_starts_at_zero_and_grows(tiny_config) -> None:
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_kl_to_reference_starts_at_zero_and_grows(tiny_config, dtype: str) -> None:
     batch = random_batch(5)
-    with Trainer(tiny_config(lr=1e-2, loss={"kl_coef": 0.1, "kl_estimator": "k3"})) as tr:
+    with Trainer(tiny_config(dtype=dtype, lr=1e-2, loss={"kl_coef": 0.1, "kl_estimator": "k3"})) as tr:
+        # in bf16 the frozen reference is stored in bf16 (no fp32 master): it must score exactly as the policy does
+        ref_dtypes = {p.dtype for p in tr._ref.parameters()}
+        assert ref_dtypes == {torch.bfloat16 if dtype == "bf16" else torch.float32}
+        assert {p.dtype for p in tr._policy.parameters()} == {torch.float32}
         first = tr.rl_step(batch, current_version=0)
         tr.rl_step(batch, current_version=1)
         third = tr.rl_step(batch, current_version=2)

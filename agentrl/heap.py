@@ -1,0 +1,56 @@
+"""Keep a CPU process's resident memory near what it holds: glibc's mmap threshold, fixed (``mallopt``).
+
+PyTorch on a CPU allocates every tensor with ``malloc`` (no caching allocator). glibc serves blocks above its mmap
+threshold with their own mapping, returned to the kernel on ``free``; smaller ones come from the heap, which keeps
+freed memory for reuse and returns only its free top. The threshold starts at 128 KiB and *rises* to the size of
+each mapped block freed, up to 32 MiB: after a trainer's first step, activations and logit chunks of a few MiB
+are carved from the heap, and as micro-batch shapes change from step to step the heap fragments and keeps
+growing (the demo's trainer: 6.4 GB after SFT, 8.0 GB 30 RL steps later, its live tensors about the same).
+Fixing the threshold (which also turns the rise off) maps every block at or above it that the heap cannot serve
+from its free space, and returns the heap's free top above twice the threshold, so RSS follows the live tensors;
+the cost is a mapping and its page faults per large tensor. Measured in docs/results.md.
+
+glibc only (``MALLOC_MMAP_THRESHOLD_`` in the environment does the same for a whole process tree at its start,
+see ``engine.env``); elsewhere (musl, macOS) nothing is changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+logger = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+MAX_THRESHOLD = 32 * 2**20  # glibc refuses thresholds above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        libc.gnu_get_libc_version  # noqa: B018 - glibc only: mallopt's parameter numbers are glibc's
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def set_mmap_threshold(kib: int) -> bool:
+    """Fix this process's mmap threshold at ``kib`` KiB (blocks this large or larger are mapped and unmapped on
+    free). ``0`` leaves glibc's default (dynamic) threshold. Returns whether a threshold was set."""
+    if kib <= 0:
+        return False
+    if kib * 1024 > MAX_THRESHOLD:
+        raise ValueError(f"mmap threshold {kib} KiB is above glibc's limit of {MAX_THRESHOLD // 1024} KiB")
+    libc = _libc()
+    if libc is None:
+        logger.debug("not glibc: the mmap threshold is left as is")
+        return False
+    if libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(kib * 1024)) != 1:
+        logger.warning("mallopt(M_MMAP_THRESHOLD, %d KiB) failed: the heap keeps glibc's dynamic threshold", kib)
+        return False
+    # the free top of the heap is returned above twice the threshold (glibc's own rule while it is dynamic; a rise
+    # before this call may have left it at up to 64 MiB)
+    libc.mallopt(M_TRIM_THRESHOLD, ctypes.c_int(2 * kib * 1024))
+    return True
