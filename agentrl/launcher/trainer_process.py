@@ -53,7 +53,9 @@ def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path) -> Path:
     traces = load_traces(run_dir / "sft_traces.jsonl")
     optimizer = cfg.trainer.optimizer.model_copy(update={"lr": cfg.sft.lr, "warmup_steps": 0, "schedule": "constant",
                                                          "total_steps": None})
-    tcfg = cfg.trainer.model_copy(update={"optimizer": optimizer}).for_model(str(base_model))
+    # SFT's loss is the NLL alone: no reference model is loaded for it (kl_coef 0), a model's size of RAM saved
+    loss = cfg.trainer.loss.model_copy(update={"kl_coef": 0.0})
+    tcfg = cfg.trainer.model_copy(update={"optimizer": optimizer, "loss": loss}).for_model(str(base_model))
     target = run_dir / "weights" / "v0"
     with Trainer(tcfg) as sft, open(run_dir / "sft_metrics.jsonl", "a") as out:
         bs = cfg.sft.batch_size
@@ -91,7 +93,8 @@ _ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16
 class WeightShare:
     """How this run's weight versions reach the servers (``weight_sync.mode``). :meth:`share` is collective.
 
-    disk: each version is exported to ``weights/v<N>``. distributed: rank 0 keeps the newest version in memory
+    disk: each version is exported to ``weights/v<N>`` in the engine's dtype (``v0``, SFT's output and the RL trainer's
+    start, stays fp32). distributed: rank 0 keeps the newest version in memory
     (cast to the engine's dtype: the servers cast it so anyway) and a :class:`WeightServer` thread broadcasts it
     whenever the rollout side asks (a new version, or a restarted server); nothing is written unless the rollout
     side falls back to disk. tensor: the same, the memory shared (``/dev/shm``) and named to the servers instead of
@@ -128,7 +131,9 @@ class WeightShare:
         """Make ``version`` (the trainer's current weights) available: written to ``target``, or held for
         broadcasts. Every rank calls it."""
         if not self.distributed:
-            self.trainer.export_hf(target, durable=False)  # a cache for SGLang: a resume re-exports it
+            # a cache for SGLang (a resume re-exports it), in the dtype it serves: half the bytes in bf16, the same
+            # values (SGLang casts an fp32 file to its dtype with the same rounding); checkpoints keep fp32
+            self.trainer.export_hf(target, self.dtype, durable=False)
             return
         sd = self.trainer.full_state_dict()
         if self.server is not None:
@@ -177,7 +182,7 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
                     if weights.distributed:
                         weights.share(trainer.weight_version, current)
                     elif trainer.weight_version > 0 and not broadcast_object(intact_hf_folder(current) if r0 else None):
-                        trainer.export_hf(current)  # published versions are not fsynced: a crash may have cut it
+                        trainer.export_hf(current, weights.dtype)  # not fsynced when published: a crash may have cut it
                     if r0 is not None:
                         await r0.queue.ack(extra.get("entry_ids", []))  # idempotent: finishes an interrupted ack
                         await _republish(r0, run_dir, trainer.weight_version, trainer.step, weights.transport)

@@ -96,6 +96,8 @@ def test_a_lora_run_serves_merged_weights_that_change_each_version(tmp_path: Pat
     from safetensors.torch import load_file
     from torch.distributed.checkpoint import FileSystemReader
 
+    from agentrl.launcher.config import load_config
+
     config = {
         "name": "lora", "model": "tiny", "steps": 2, "runs_dir": str(tmp_path / "runs"),
         "engine": {"url": shared_server},
@@ -120,8 +122,12 @@ def test_a_lora_run_serves_merged_weights_that_change_each_version(tmp_path: Pat
     versions = [load_file(str(run / "weights" / f"v{v}" / "model.safetensors")) for v in (0, 1, 2)]
     for sd in versions:
         assert set(sd) == set(base)  # merged: no lora_ tensors, no base_layer. names
+    # v0 (SFT's output, the RL trainer's start) stays fp32; RL versions are written in the dtype the engine serves
+    # (an external server: the run does not know its dtype, so fp32; tests/launcher/test_trainer_process.py: bf16)
+    assert load_config(run / "config.yaml").engine.server.dtype == "auto"
+    assert [{t.dtype for t in sd.values()} for sd in versions] == [{torch.float32}] * 3
     for v, (before, after) in enumerate(zip([base, *versions], versions)):
-        changed = {k.rsplit(".", 2)[-2] for k in base if not torch.equal(before[k], after[k])}
+        changed = {k.rsplit(".", 2)[-2] for k in base if not torch.equal(before[k].to(after[k].dtype), after[k])}
         assert changed == {"q_proj", "v_proj", "down_proj"}, f"v{v} against the one before: {changed} changed"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["weight_version"] for m in metrics] == [1, 2] and metrics[0]["kl"] == 0.0 and metrics[1]["kl"] > 0
