@@ -164,7 +164,10 @@ def activation_bytes_per_token(lm: PreTrainedModel, tokens: tuple[int, int] = (3
             if t.device.type != "meta":
                 st = t.untyped_storage()
                 seen[st.data_ptr()] = st.nbytes()
-            return t
+            # detached, not the tensor itself: a saved output packed as itself makes a cycle through its own
+            # grad_fn that no collector breaks, and the graph kept the whole unsharded model alive (1.6 GB for
+            # the demo's model, in every trainer process with activation_checkpointing auto)
+            return t.detach()
 
         ids = torch.zeros((1, n), dtype=torch.long)
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

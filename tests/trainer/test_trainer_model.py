@@ -85,6 +85,31 @@ def test_the_activation_probe_measures_what_checkpointing_saves(tiny_model_path:
     assert checkpointed < full / 3  # the layers' inputs only (and the final norm)
 
 
+def test_the_activation_probe_leaves_nothing_alive(tiny_model_path: Path) -> None:
+    """The probe's graph is freed with its output: the model goes when its last reference does (a saved tensor
+    packed as itself once made a cycle that kept every trainer's unsharded model alive)."""
+    import gc
+    import weakref
+
+    lm = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32, attn_implementation="sdpa")
+    weight = weakref.ref(lm.get_decoder().layers[0].mlp.up_proj.weight)
+    assert activation_bytes_per_token(lm) > 0
+    del lm
+    gc.collect()
+    assert weight() is None
+
+
+def test_a_closed_trainer_frees_its_models(tiny_config) -> None:
+    import gc
+    import weakref
+
+    tr = Trainer(tiny_config(activation_checkpointing="auto", loss={"kl_coef": 0.1}))
+    refs = [weakref.ref(p) for p in (*tr._policy.parameters(), *tr._ref.parameters())]
+    tr.close()  # the trainer object stays (as `with Trainer(...) as sft:` leaves it): its models must not
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+
+
 def test_activation_checkpointing_auto_recomputes_exactly_the_micro_batches_over_budget(tiny_config) -> None:
     """auto: a micro-batch whose measured activations exceed activation_memory_gb runs each decoder layer twice
     (forward, then the recomputation in the backward pass); one under it runs them once; the step is the same."""
