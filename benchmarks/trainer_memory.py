@@ -8,13 +8,14 @@ threshold. This benchmark runs ``--steps`` RL steps of the demo's shape (``--gro
 trajectories of 1-3 turns, a new random shape each step, the same sequence for every configuration) in one
 process per configuration: ``--thresholds`` (KiB; 0 is glibc's default), the processes run side by side (one
 thread each, so the two cores carry one each and load hits both alike) and each reports its ``VmHWM`` after the
-first step and after the last, and its median process CPU time a step.
+first step and after the last, the tensors it holds after the last (``live_tensor_gb``: a leak grows it, an
+allocator does not) and its median process CPU time a step.
 
 The demo's trainer settings: ``shared_prefix`` layout, KL 0.05 (a reference model beside the policy),
 1,024-token micro-batches, ``dtype`` auto (bf16 where the CPU multiplies it fast), SmolLM2-135M.
 
 Usage: ``python benchmarks/trainer_memory.py [--steps 10] [--thresholds 0 1024] [--quick]``. Last line:
-``peak_rss_gb_<kib>=… first_step_rss_gb_<kib>=… growth_gb_<kib>=… cpu_s_<kib>=… … peak_ratio=… cpu_ratio=…``
+``peak_rss_gb_<kib>=… first_step_rss_gb_<kib>=… growth_gb_<kib>=… live_tensor_gb_<kib>=… cpu_s_<kib>=… … peak_ratio=… cpu_ratio=…``
 (each threshold's figures; the ratios: the last threshold's over the first's) and the environment
 (benchmarks/_common.py).
 """
@@ -71,6 +72,23 @@ def hwm_gb() -> float:
     return float("nan")
 
 
+def live_tensor_gb() -> float:
+    """Bytes of the distinct tensor storages Python can reach (gc-tracked tensors): what the process holds, to
+    tell a leak (this grows with RSS) from the allocator (RSS grows, this does not)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    seen: dict[int, int] = {}
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and not o.is_meta and o.device.type == "cpu":
+            local = o.to_local() if hasattr(o, "to_local") else o
+            st = local.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values()) / 1e9
+
+
 def worker(args: argparse.Namespace) -> None:
     """One configuration in this process: prints one JSON line."""
     import torch
@@ -86,7 +104,7 @@ def worker(args: argparse.Namespace) -> None:
         "micro_batch_tokens": 1024, "mmap_threshold_kb": args.worker,
         "optimizer": {"lr": 1e-6, "grad_clip": 1.0},
         "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3", "correction": "decoupled"}})
-    hwm, cpu = [], []
+    hwm, cpu, live = [], [], []
     with Trainer(cfg) as tr:
         for step in range(args.steps):
             batch = demo_step(step, args.groups, args.group_size)
@@ -94,9 +112,10 @@ def worker(args: argparse.Namespace) -> None:
             tr.rl_step(batch, current_version=step)
             cpu.append(time.process_time() - c0)
             hwm.append(hwm_gb())
+            live.append(live_tensor_gb())
         dtype = tr.precision.dtype
     dist.destroy_process_group()
-    print(json.dumps({"hwm": hwm, "cpu": cpu, "dtype": dtype,
+    print(json.dumps({"hwm": hwm, "cpu": cpu, "live": live, "dtype": dtype,
                       "maxrss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}))
 
 
@@ -130,9 +149,10 @@ def main() -> None:
     figures: dict[str, Any] = {}
     for kib, r in results.items():
         print(f"mmap_threshold_kb {kib:>6}: VmHWM after each step GB {[round(x, 2) for x in r['hwm']]}; "
-              f"CPU s {[round(x, 1) for x in r['cpu']]} ({r['dtype']})")
+              f"live tensors GB {[round(x, 2) for x in r['live']]}; CPU s {[round(x, 1) for x in r['cpu']]} "
+              f"({r['dtype']})")
         figures.update({f"peak_rss_gb_{kib}": r["hwm"][-1], f"first_step_rss_gb_{kib}": r["hwm"][0],
-                        f"growth_gb_{kib}": r["hwm"][-1] - r["hwm"][0],
+                        f"growth_gb_{kib}": r["hwm"][-1] - r["hwm"][0], f"live_tensor_gb_{kib}": r["live"][-1],
                         f"cpu_s_{kib}": statistics.median(r["cpu"][1:] or r["cpu"])})
     first, last = args.thresholds[0], args.thresholds[-1]
     if first != last:
