@@ -206,3 +206,11 @@ def decoder_matmul_params(cfg: Any) -> int:
     h, layers = cfg.hidden_size, cfg.num_hidden_layers
     kv = cfg.num_key_value_heads * (getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
     return layers * (2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size)
+
+
+def peak_rss_gb() -> float:
+    """``VmHWM`` of this process (Linux), in GB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return float("nan")

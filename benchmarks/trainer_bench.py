@@ -49,13 +49,20 @@ import math
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from _common import MIN_ROUNDS, Comparison, decoder_matmul_params, environment, interleaved, last_line  # this folder's
+from _common import (  # this folder's
+    MIN_ROUNDS,
+    Comparison,
+    decoder_matmul_params,
+    environment,
+    interleaved,
+    last_line,
+    peak_rss_gb,
+)  # this folder's
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -100,14 +107,6 @@ def make_demo_batch(groups: int, group_size: int, seed: int = 0) -> list[Traject
             mask = [0] * len(prompt) + [1] * a + [0] * o + [1] * b
             out.append(_trajectory(rng, f"{g}-{k}", str(g), ids, len(prompt), mask))
     return out
-
-
-def peak_rss_gb() -> float:
-    """``VmHWM`` of this process (Linux), in GB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / 1e9
-    return float("nan")
 
 
 def matmul_flops(hidden: int, inter: int, threads: int, reps: int = 30) -> float:

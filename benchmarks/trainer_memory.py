@@ -2,9 +2,9 @@
 
 ``trainer_bench.py`` repeats one batch, so its peak is one step's. A run's steps differ (how many turns each
 episode took, how long each answer was), and with glibc's default mmap threshold (which rises to 32 MiB after the
-first large free) the heap fragments as the tensors' sizes change and RSS grows step after step (the demo's
-trainer: 6.4 GB after SFT, 8.0 GB 30 RL steps later). ``trainer.mmap_threshold_kb`` (agentrl/heap.py) fixes the
-threshold. This benchmark runs ``--steps`` RL steps of the demo's shape (``--groups`` x ``--group-size``
+first large free) the heap may fragment as the tensors' sizes change. ``trainer.mmap_threshold_kb``
+(agentrl/heap.py) fixes the threshold; measured here, it saves ~0.2 GB (docs/results.md): most of the demo trainer's
+growth (6.4 GB after SFT, 8.0 GB 30 RL steps later) was a leak, fixed since. This benchmark runs ``--steps`` RL steps of the demo's shape (``--groups`` x ``--group-size``
 trajectories of 1-3 turns, a new random shape each step, the same sequence for every configuration) in one
 process per configuration: ``--thresholds`` (KiB; 0 is glibc's default), the processes run side by side (one
 thread each, so the two cores carry one each and load hits both alike) and each reports its ``VmHWM`` after the
@@ -30,10 +30,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from _common import environment, last_line  # this folder's
+from _common import environment, last_line, peak_rss_gb  # this folder's
 
 from agentrl.types import FinishReason, Trajectory
 
@@ -63,13 +62,6 @@ def demo_step(seed: int, groups: int, group_size: int) -> list[Trajectory]:
                 weight_versions=[0 if m else -1 for m in mask], reward=float(rng.random() < 0.5),
                 finish_reason=FinishReason.STOP))
     return out
-
-
-def hwm_gb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / 1e9
-    return float("nan")
 
 
 def live_tensor_gb() -> float:
@@ -111,7 +103,7 @@ def worker(args: argparse.Namespace) -> None:
             c0 = time.process_time()
             tr.rl_step(batch, current_version=step)
             cpu.append(time.process_time() - c0)
-            hwm.append(hwm_gb())
+            hwm.append(peak_rss_gb())
             live.append(live_tensor_gb())
         dtype = tr.precision.dtype
     dist.destroy_process_group()
