@@ -35,6 +35,13 @@ SFT_TEMPLATES = (
              "{a} * {b} - {c}"),
     Template("What is ({a} + {b}) * {c}?", "({a} + {b}) * {c}"),
     Template("What is {c} * ({a} + {b})?", "{c} * ({a} + {b})"),
+    # Word problems whose answer takes parentheses, one story and one phrase: with only the two symbolic ones above,
+    # SFT taught "words -> a * b +- c" and the demo's RL start wrote a right answer to the RL set's parenthesis
+    # wordings in 2-3 % of its samples at T 1.3 (seeds 0-2), too rare for RL to find reliably (1 of 3 seeds reached
+    # 0.9 held out). With these two: 15 % (seed 1), held-out after SFT unchanged (0.75; docs/results.md, issue 24).
+    Template("A zoo has {c} pens, each with {a} goats and {b} sheep. How many animals are in the zoo?",
+             "{c} * ({a} + {b})"),
+    Template("Compute the sum of {a} and {b}, then multiply it by {c}.", "({a} + {b}) * {c}"),
 )
 
 NEW_TEMPLATES = (
