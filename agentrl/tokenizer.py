@@ -11,13 +11,56 @@ in the system message (:func:`with_tools_in_system`), an assistant's calls as ``
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
+import subprocess
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# AutoTokenizer imports torch (its config machinery imports transformers' generation config, which imports torch):
+# ~0.5 GB of RSS in each process that only tokenises (the run's controller and rollout actor, the gateway). Which
+# class AutoTokenizer picks for a folder depends on rules that read the model's config (transformers'
+# tokenization_auto); rather than copy them, a child interpreter asks AutoTokenizer once per folder and this
+# process instantiates that class itself, as AutoTokenizer would.
+_PICK = """
+import sys
+from transformers import AutoTokenizer
+t = type(AutoTokenizer.from_pretrained(sys.argv[1]))
+print(t.__module__, t.__qualname__)
+"""
+_PICKED: dict[str, tuple[str, str]] = {}
+
+
+def load_hf_tokenizer(path: str | Path, *, timeout_s: float = 300.0) -> Any:
+    """``AutoTokenizer.from_pretrained(path)``, without importing torch into this process when it has not been
+    already: the class is picked by AutoTokenizer in a child interpreter (a few seconds, once per folder), then
+    loaded here. Falls back to AutoTokenizer in-process if the child fails."""
+    key = str(path)
+    if "torch" not in sys.modules and key not in _PICKED:
+        try:
+            done = subprocess.run([sys.executable, "-c", _PICK, key], capture_output=True, text=True,
+                                  timeout=timeout_s, check=True)
+            module, name = done.stdout.split()[-2:]
+            _PICKED[key] = (module, name)
+        except (subprocess.SubprocessError, OSError, ValueError) as exc:
+            err = getattr(exc, "stderr", "") or ""
+            logger.warning("picking the tokenizer class of %s in a child failed (%s%s); AutoTokenizer in-process",
+                           key, exc, f": {err.strip().splitlines()[-1]}" if err.strip() else "")
+    if "torch" not in sys.modules and key in _PICKED:
+        module, name = _PICKED[key]
+        cls = getattr(importlib.import_module(module), name)
+        return cls.from_pretrained(key, _from_auto=True)  # what AutoTokenizer passes for a local folder
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(key)
 
 _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
 
@@ -97,9 +140,7 @@ class ChatTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(str(path)))
+        return cls(load_hf_tokenizer(path))
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool,
                tools: Sequence[Mapping[str, Any]] | None = None) -> str:
