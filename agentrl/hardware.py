@@ -18,9 +18,11 @@ Trainer dtypes are ``fp32`` / ``bf16``; SGLang's ``--dtype`` names are ``float32
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,11 +95,27 @@ def _cache_file() -> Path:
     return cache_dir() / "precision.json"
 
 
-def _cpu_key(model: str, flags: frozenset[str]) -> str:
+def torch_version() -> str:
+    """``torch.__version__`` (with its local tag, e.g. ``+cu130``) read from torch's ``version.py`` without importing
+    torch: the controller resolves ``dtype: auto`` from the cached measurement and needs no torch otherwise (~0.5 GB
+    of RSS). Imports torch only if that file cannot be read."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        try:
+            text = (Path(spec.origin).parent / "version.py").read_text()
+        except OSError:
+            text = ""
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if found:
+            return found.group(1)
     import torch
 
+    return str(torch.__version__)
+
+
+def _cpu_key(model: str, flags: frozenset[str]) -> str:
     env = ",".join(f"{k}={os.environ[k]}" for k in ISA_ENV if k in os.environ)
-    return f"{model}|{' '.join(sorted(f for f in flags if f.startswith(('amx', 'avx'))))}|torch {torch.__version__}|{env}"
+    return f"{model}|{' '.join(sorted(f for f in flags if f.startswith(('amx', 'avx'))))}|torch {torch_version()}|{env}"
 
 
 def _measured_cpu_speedup(model: str, flags: frozenset[str]) -> tuple[float, float]:

@@ -104,3 +104,29 @@ def test_the_real_measurement_runs_here() -> None:
     assert matmul_gflops("fp32", rows=16, inner=64, cols=64, min_time_s=0.01) > 0
     p = cpu_precision()  # this machine, whatever it is
     assert p.dtype in ("fp32", "bf16") and p.reason
+
+
+def test_torch_version_is_read_without_importing_torch(tmp_path: Path) -> None:
+    """The controller resolves ``dtype: auto`` from the cache with no torch in its process (its key holds the
+    version, read from torch's version.py); a miss measures and imports it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    child = """
+import json, sys
+from agentrl.hardware import torch_version, cpu_precision
+v = torch_version(); p = cpu_precision()
+print(json.dumps({"version": v, "dtype": p.dtype, "torch": "torch" in sys.modules}))
+"""
+    env = {**os.environ, "AGENTRL_CACHE_DIR": str(tmp_path)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
+                                      check=True, env=env).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["version"] == runs[1]["version"] == torch.__version__
+    assert runs[0]["dtype"] == runs[1]["dtype"]
+    if any(f in cpu_info()[1] for f in hardware.BF16_FLAGS):  # a CPU with bf16 flags measures once (torch)
+        assert runs[0]["torch"] is True
+    assert runs[1]["torch"] is False  # from the cache (or no bf16 flag: no measurement at all)
