@@ -32,6 +32,8 @@ DEMO: dict[str, Any] = {
     # rate 0 -> 0.71 on "Multiply c by the sum of a and b" by v19) and held-out went 0.70 -> 0.75 in 20 steps (23 min)
     "steps": 30,
     "checkpoint_every": 5,  # 1.7 GB each (weights + Adam state): every 5th step, the last 2 kept
+    # 4 steps: with 8 the RL start wrote parentheses in 0-2 % of its samples of the RL wordings that need them
+    # (11-14 % with 4; seeds 1 and 2, T 1.3), and RL learns those wordings only from the samples that do
     "sft": {"enabled": True, "family": "sft", "num_traces": 64, "steps": 4, "batch_size": 16, "lr": 1e-4},
     # held-out accuracy also at v5, v10, ..., v25 (the curve and time to accuracy 0.9 in summary.json and the report)
     "data": {"train": "new", "heldout": "heldout", "num_heldout": 40, "heldout_every": 5},
