@@ -6,8 +6,9 @@ freed memory for reuse and returns only its free top. The threshold starts at 12
 each mapped block freed, up to 32 MiB: after a trainer's first step, activations and logit chunks of a few MiB
 are carved from the heap, which can fragment as micro-batch shapes change from step to step. Fixing the
 threshold (which also turns the rise off) maps every block at or above it that the heap cannot serve from its free
-space, and returns the heap's free top above twice the threshold; the cost is a mapping and its page faults per large tensor. Measured on the demo's trainer
-(benchmarks/trainer_memory.py, docs/results.md): ~0.2 GB less at its peak, no CPU cost seen; a modest bound, not a cure.
+space, and returns the heap's free top above twice the threshold; the cost is a mapping and its page faults per
+large tensor. Measured on the demo's trainer (benchmarks/trainer_memory.py, docs/results.md): ~0.2 GB less at its
+peak, no CPU cost seen; a modest bound, not a cure.
 
 glibc only (``MALLOC_MMAP_THRESHOLD_`` in the environment does the same for a whole process tree at its start,
 see ``engine.env``); elsewhere (musl, macOS) nothing is changed.

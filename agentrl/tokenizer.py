@@ -39,28 +39,36 @@ print(t.__module__, t.__qualname__)
 _PICKED: dict[str, tuple[str, str]] = {}
 
 
+def _pick_class(path: str, timeout_s: float) -> tuple[str, str] | None:
+    """(module, class name) of the tokenizer AutoTokenizer picks for ``path``, asked of a child interpreter once
+    per folder; ``None`` (logged) if the child fails."""
+    if path not in _PICKED:
+        try:
+            done = subprocess.run([sys.executable, "-c", _PICK, path], capture_output=True, text=True,
+                                  timeout=timeout_s, check=True)
+            module, name = done.stdout.split()[-2:]
+        except (subprocess.SubprocessError, OSError, ValueError) as exc:
+            err = (getattr(exc, "stderr", "") or "").strip()
+            logger.warning("picking the tokenizer class of %s in a child failed (%s); AutoTokenizer in-process",
+                           path, err.splitlines()[-1] if err else type(exc).__name__)
+            return None
+        _PICKED[path] = (module, name)
+    return _PICKED[path]
+
+
 def load_hf_tokenizer(path: str | Path, *, timeout_s: float = 300.0) -> Any:
     """``AutoTokenizer.from_pretrained(path)``, without importing torch into this process when it has not been
     already: the class is picked by AutoTokenizer in a child interpreter (a few seconds, once per folder), then
     loaded here. Falls back to AutoTokenizer in-process if the child fails."""
     key = str(path)
-    if "torch" not in sys.modules and key not in _PICKED:
-        try:
-            done = subprocess.run([sys.executable, "-c", _PICK, key], capture_output=True, text=True,
-                                  timeout=timeout_s, check=True)
-            module, name = done.stdout.split()[-2:]
-            _PICKED[key] = (module, name)
-        except (subprocess.SubprocessError, OSError, ValueError) as exc:
-            err = getattr(exc, "stderr", "") or ""
-            logger.warning("picking the tokenizer class of %s in a child failed (%s%s); AutoTokenizer in-process",
-                           key, exc, f": {err.strip().splitlines()[-1]}" if err.strip() else "")
-    if "torch" not in sys.modules and key in _PICKED:
-        module, name = _PICKED[key]
-        cls = getattr(importlib.import_module(module), name)
+    picked = None if "torch" in sys.modules else _pick_class(key, timeout_s)
+    if picked is not None:
+        cls = getattr(importlib.import_module(picked[0]), picked[1])
         return cls.from_pretrained(key, _from_auto=True)  # what AutoTokenizer passes for a local folder
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(key)
+
 
 _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
 

@@ -62,7 +62,7 @@ from _common import (  # this folder's
     interleaved,
     last_line,
     peak_rss_gb,
-)  # this folder's
+)
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard

@@ -4,7 +4,8 @@
 episode took, how long each answer was), and with glibc's default mmap threshold (which rises to 32 MiB after the
 first large free) the heap may fragment as the tensors' sizes change. ``trainer.mmap_threshold_kb``
 (agentrl/heap.py) fixes the threshold; measured here, it saves ~0.2 GB (docs/results.md): most of the demo trainer's
-growth (6.4 GB after SFT, 8.0 GB 30 RL steps later) was a leak, fixed since. This benchmark runs ``--steps`` RL steps of the demo's shape (``--groups`` x ``--group-size``
+growth (6.4 GB after SFT, 8.0 GB 30 RL steps later) was a leak, fixed since. This benchmark runs ``--steps`` RL
+steps of the demo's shape (``--groups`` x ``--group-size``
 trajectories of 1-3 turns, a new random shape each step, the same sequence for every configuration) in one
 process per configuration: ``--thresholds`` (KiB; 0 is glibc's default), the processes run side by side (one
 thread each, so the two cores carry one each and load hits both alike) and each reports its ``VmHWM`` after the

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,11 +113,6 @@ def test_the_real_measurement_runs_here() -> None:
 def test_torch_version_is_read_without_importing_torch(tmp_path: Path) -> None:
     """The controller resolves ``dtype: auto`` from the cache with no torch in its process (its key holds the
     version, read from torch's version.py); a miss measures and imports it."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     import torch
 
     child = """
