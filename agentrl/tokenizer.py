@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections import OrderedDict
@@ -37,34 +38,96 @@ t = type(AutoTokenizer.from_pretrained(sys.argv[1]))
 print(t.__module__, t.__qualname__)
 """
 _PICKED: dict[str, tuple[str, str]] = {}
+# What decides AutoTokenizer's pick for a local folder: these files (tokenizer_class, model_type, whether a fast
+# tokenizer file exists) and the transformers version. The pick is cached on disk under this key, so a process
+# that starts cold (the rollout actor, the gateway, each CLI call) does not pay the child's torch import each time.
+_DECIDING_FILES = ("tokenizer_config.json", "config.json", "tokenizer.json")
+
+
+def _pick_key(path: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    folder = Path(path).resolve()
+    try:
+        transformers = version("transformers")
+    except PackageNotFoundError:
+        transformers = "?"
+    stats = []
+    for name in _DECIDING_FILES:
+        try:
+            st = (folder / name).stat()
+            stats.append(f"{name}:{st.st_mtime_ns}:{st.st_size}")
+        except OSError:
+            stats.append(f"{name}:-")
+    return f"{folder}|transformers {transformers}|{' '.join(stats)}"
+
+
+def _cache_file() -> Path:
+    from agentrl.models import cache_dir
+
+    return cache_dir() / "tokenizer_class.json"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        cached = json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
+def _write_cache(key: str, picked: tuple[str, str]) -> None:
+    cached = _read_cache()
+    cached[key] = list(picked)
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cached, indent=1))
+        tmp.replace(path)
+    except OSError as exc:  # a read-only home: ask a child again next time
+        logger.debug("cannot cache the tokenizer class in %s: %s", path, exc)
 
 
 def _pick_class(path: str, timeout_s: float) -> tuple[str, str] | None:
-    """(module, class name) of the tokenizer AutoTokenizer picks for ``path``, asked of a child interpreter once
-    per folder; ``None`` (logged) if the child fails."""
-    if path not in _PICKED:
-        try:
-            done = subprocess.run([sys.executable, "-c", _PICK, path], capture_output=True, text=True,
-                                  timeout=timeout_s, check=True)
-            module, name = done.stdout.split()[-2:]
-        except (subprocess.SubprocessError, OSError, ValueError) as exc:
-            err = (getattr(exc, "stderr", "") or "").strip()
-            logger.warning("picking the tokenizer class of %s in a child failed (%s); AutoTokenizer in-process",
-                           path, err.splitlines()[-1] if err else type(exc).__name__)
-            return None
-        _PICKED[path] = (module, name)
+    """(module, class name) of the tokenizer AutoTokenizer picks for ``path``: from this process's memory, else the
+    disk cache, else asked of a child interpreter; ``None`` (logged) if the child fails."""
+    if path in _PICKED:
+        return _PICKED[path]
+    key = _pick_key(path)
+    hit = _read_cache().get(key)
+    if isinstance(hit, list) and len(hit) == 2 and all(isinstance(x, str) for x in hit):
+        _PICKED[path] = (hit[0], hit[1])
+        return _PICKED[path]
+    try:
+        done = subprocess.run([sys.executable, "-c", _PICK, path], capture_output=True, text=True,
+                              timeout=timeout_s, check=True)
+        module, name = done.stdout.split()[-2:]
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        err = (getattr(exc, "stderr", "") or "").strip()
+        logger.warning("picking the tokenizer class of %s in a child failed (%s); AutoTokenizer in-process",
+                       path, err.splitlines()[-1] if err else type(exc).__name__)
+        return None
+    _PICKED[path] = (module, name)
+    _write_cache(key, _PICKED[path])
     return _PICKED[path]
 
 
 def load_hf_tokenizer(path: str | Path, *, timeout_s: float = 300.0) -> Any:
     """``AutoTokenizer.from_pretrained(path)``, without importing torch into this process when it has not been
-    already: the class is picked by AutoTokenizer in a child interpreter (a few seconds, once per folder), then
-    loaded here. Falls back to AutoTokenizer in-process if the child fails."""
+    already: the class is picked by AutoTokenizer in a child interpreter (a few seconds, once per folder and
+    tokenizer files, then cached on disk), then loaded here. Falls back to AutoTokenizer in-process if the child
+    fails."""
     key = str(path)
     picked = None if "torch" in sys.modules else _pick_class(key, timeout_s)
     if picked is not None:
-        cls = getattr(importlib.import_module(picked[0]), picked[1])
-        return cls.from_pretrained(key, _from_auto=True)  # what AutoTokenizer passes for a local folder
+        try:
+            cls = getattr(importlib.import_module(picked[0]), picked[1])
+        except (ImportError, AttributeError) as exc:
+            logger.warning("the tokenizer class %s.%s picked for %s is gone (%s); AutoTokenizer in-process",
+                           picked[0], picked[1], key, exc)
+        else:
+            return cls.from_pretrained(key, _from_auto=True)  # what AutoTokenizer passes for a local folder
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(key)
