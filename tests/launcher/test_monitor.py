@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 
 from agentrl.launcher.monitor import RunMonitor
 
@@ -31,6 +36,24 @@ def test_gauges_and_tensorboard_follow_the_trainer_metrics(tmp_path: Path):
         assert mon.values["step"] == 2 and mon.values["reward_mean"] == 0.75
     finally:
         mon.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    got = {tag: [(e.step, round(float(tensor_util.make_ndarray(e.tensor_proto)), 6)) for e in events.Tensors(tag)]
+           for tag in events.Tags()["tensors"]}
+    assert got["train/reward_mean"] == [(1, 0.25), (2, 0.75)]
+    assert got["train/loss"] == [(1, 0.1)] and "train/step" not in got
+
+
+def test_the_monitor_writes_tensorboard_events_without_importing_torch(tmp_path: Path):
+    """The controller runs the monitor: TensorBoard's own writer keeps torch out of it."""
+    child = ("import sys; from pathlib import Path; from agentrl.launcher.monitor import RunMonitor; "
+             "d = Path(sys.argv[1]); (d / 'logs').mkdir(); "
+             "m = RunMonitor(d, 1, live=False, prometheus_port=None, tensorboard=True); "
+             "(d / 'metrics.jsonl').write_text('{\"step\": 1, \"loss\": 0.5}\\n'); m.update(None); m.close(); "
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.split()[-1] == "False"
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
