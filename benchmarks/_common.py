@@ -95,7 +95,7 @@ async def start_pinned(*starts: Callable[[], T]) -> tuple[list[T], str]:
     its affinity, so the servers and their children inherit that CPU, then move this process (the client) to the
     other CPUs: the client's work then does not compete with the servers'. Returns the ``start`` results and a
     description for the report (``server:0,client:1``); on one CPU all share it."""
-    from agentrl.launcher.resources import pin_to_cores  # here: it imports the tokenizer (transformers)
+    from agentrl.launcher.cores import pin_to_cores  # here: only the benchmarks that pin need the launcher
 
     cpus = sorted(os.sched_getaffinity(0))
     server, client = cpus[:1], cpus[1:] or cpus

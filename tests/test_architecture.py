@@ -47,8 +47,9 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
 #: the floor every package may stand on: these modules import nothing of agentrl but errors (and what is named here)
 FLOOR: dict[str, tuple[str, ...]] = {
     "agentrl.errors": (), "agentrl.retry": (), "agentrl._http": (), "agentrl.retool_format": (),
-    "agentrl.tokenizer": (), "agentrl.models": (), "agentrl.overrides": (),
+    "agentrl.models": (), "agentrl.overrides": (),
     "agentrl.hardware": ("agentrl.models",),  # its measurement cache lives in models.cache_dir()
+    "agentrl.tokenizer": ("agentrl.models",),  # its cache of picked tokenizer classes too
 }
 
 #: a module only these importers may reach (besides its own package): the launcher is the top, under the command line

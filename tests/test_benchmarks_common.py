@@ -89,7 +89,7 @@ def test_environment_names_this_machine() -> None:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_start_pinned_puts_every_server_on_the_first_cpu_and_the_client_on_the_others() -> None:
-    from agentrl.launcher.resources import pin_to_cores
+    from agentrl.launcher.cores import pin_to_cores
 
     cpus = sorted(os.sched_getaffinity(0))
     procs: list[subprocess.Popen[bytes]] = []

@@ -14,6 +14,7 @@ A sample that still comes out staler than η (a slow episode) is the trainer's t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -41,6 +42,7 @@ class StalenessManager:
         self.started = 0
         self.running = 0
         self._changed = asyncio.Condition()
+        self.listeners: list[Callable[[], None]] = []  # told whenever ``running`` changes (agentrl.launcher.cores)
 
     def capacity(self) -> int:
         by_staleness = (self.max_staleness + self.version + 1) * self.groups_per_step - self.started
@@ -53,6 +55,7 @@ class StalenessManager:
             index = self.started
             self.started += 1
             self.running += 1
+            self._tell()
             return index
 
     async def release(self, *, requeue: bool = False) -> None:
@@ -62,6 +65,11 @@ class StalenessManager:
             if requeue:
                 self.started -= 1
             self._changed.notify_all()
+            self._tell()
+
+    def _tell(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     async def set_version(self, version: int) -> None:
         async with self._changed:

@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-from agentrl.launcher.config import RunConfig
+from agentrl.errors import ConfigError
+from agentrl.launcher.config import RunConfig, borrowing_obstacle
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class PlacementChoice:
     engine_threads: int | None
     trainer_threads: int | None
     release_engine_memory: bool  # GPU colocated: SGLang hands its memory to the trainer every step
+    trainer_borrows: list[int] | None = None  # split: the rollout cores the trainer also uses while they idle
+    borrow_reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,10 +79,25 @@ def choose_placement(cfg: RunConfig, available: Sequence[int] | None = None) -> 
         rollout_cores, trainer_cores = r.rollout_cores, r.trainer_cores
         engine_threads = len(rollout_cores) if rollout_cores else None
         trainer_threads = max(1, len(trainer_cores) // world) if trainer_cores else None
+    borrows: list[int] | None = None
+    borrow_reason = "off (resources.trainer_borrows_idle_cores: false)"
+    if r.trainer_borrows_idle_cores is not False:
+        obstacle = borrowing_obstacle(r.model_copy(update={"placement": placement}),
+                                      trainer_on_gpu=cfg.trainer.device == "cuda",
+                                      same_host=r.trainer_borrows_idle_cores == "auto")
+        if obstacle is not None and r.trainer_borrows_idle_cores is True:
+            raise ConfigError(f"resources.trainer_borrows_idle_cores: true needs {obstacle} (placement "
+                              f"{placement}: {reason})")
+        if obstacle is None:
+            borrows = sorted(rollout_cores or [])
+            borrow_reason = "the trainer also uses the rollout cores while the rollout side is idle"
+        else:
+            borrow_reason = f"off: needs {obstacle}"
     return PlacementChoice(requested=r.placement, placement=placement, reason=reason, rollout_cores=rollout_cores,
                            trainer_cores=trainer_cores, engine_threads=engine_threads,
                            trainer_threads=trainer_threads,
-                           release_engine_memory=hands_over_memory(cfg, placement))
+                           release_engine_memory=hands_over_memory(cfg, placement), trainer_borrows=borrows,
+                           borrow_reason=borrow_reason)
 
 
 def hands_over_memory(cfg: RunConfig, placement: str | None = None) -> bool:
@@ -94,7 +112,8 @@ def apply_placement(cfg: RunConfig, choice: PlacementChoice) -> RunConfig:
     SGLang's ``OMP_NUM_THREADS`` (each unless the user set it: theirs wins), ``--enable-memory-saver`` when SGLang
     hands its GPU memory over. ``config.yaml`` then records what ran."""
     resources = cfg.resources.model_copy(update={"placement": choice.placement, "rollout_cores": choice.rollout_cores,
-                                                 "trainer_cores": choice.trainer_cores})
+                                                 "trainer_cores": choice.trainer_cores,
+                                                 "trainer_borrows_idle_cores": bool(choice.trainer_borrows)})
     trainer = cfg.trainer
     if choice.trainer_threads is not None and trainer.num_threads is None:
         trainer = trainer.model_copy(update={"num_threads": choice.trainer_threads})
@@ -116,6 +135,9 @@ def resolve_placement(cfg: RunConfig) -> tuple[RunConfig, PlacementChoice]:
                 choice.trainer_cores or "unpinned", choice.engine_threads or "as inherited",
                 choice.trainer_threads or "as set", "; SGLang releases its GPU memory while the trainer steps"
                 if choice.release_engine_memory else "")
+    if choice.placement == "split":
+        logger.info("trainer borrows idle rollout cores: %s", choice.borrow_reason if not choice.trainer_borrows
+                    else f"{choice.trainer_borrows} ({choice.borrow_reason})")
     return apply_placement(cfg, choice), choice
 
 

@@ -195,6 +195,25 @@ class SFTSection(_Section):
     lr: float = Field(1e-3, gt=0)
 
 
+def borrowing_obstacle(r: ResourcesSection, *, trainer_on_gpu: bool = False, same_host: bool = True) -> str | None:
+    """What keeps the trainer from borrowing the rollout side's idle cores (None: nothing). ``same_host``: also
+    what could put the two sides on different nodes (``auto`` avoids it; ``true`` trusts the user, and the
+    trainer checks the rollout side's host name anyway)."""
+    if r.placement == "colocated":
+        return "split placement (colocated gives the trainer every core already)"
+    if not r.ray:
+        return "Ray (debug mode runs one process, nothing pinned)"
+    if not r.rollout_cores or not r.trainer_cores or set(r.rollout_cores) & set(r.trainer_cores):
+        return "resources.rollout_cores and trainer_cores, both given and disjoint"
+    if r.trainer_world_size != 1:
+        return "one trainer rank (trainer_world_size 1)"
+    if trainer_on_gpu or r.trainer_num_gpus > 0:
+        return "a CPU trainer"
+    if same_host and (r.trainer_resources or r.rollout_resources or r.ray_address):
+        return "both sides on this host (no ray_address, no custom Ray resources)"
+    return None
+
+
 class ResourcesSection(_Section):
     """Where the parts run. A local Ray cluster by default (no dashboard, no auth token files); ``ray_address``
     joins an existing cluster. ``*_cores`` pin processes to CPU cores (each side gets its own, as on a cluster).
@@ -208,7 +227,10 @@ class ResourcesSection(_Section):
     (:mod:`agentrl.launcher.colocation`): ``split`` (each side on its own ``*_cores``), ``colocated`` (both on
     every core, the union of ``rollout_cores`` and ``trainer_cores`` if given, phases strictly alternating: needs
     ``rollout.max_staleness: 0``), ``auto`` (colocated when ``max_staleness`` is 0, else split; the choice and why
-    are logged and written to ``summary.json``)."""
+    are logged and written to ``summary.json``). ``trainer_borrows_idle_cores``: with split cores on one host, the
+    trainer also computes on ``rollout_cores`` while the rollout side is idle (:mod:`agentrl.launcher.cores`);
+    ``auto`` turns it on wherever it can work (split, both core lists given and disjoint, one CPU trainer rank, no
+    custom Ray resources that could put the sides on different nodes); ``true`` demands it."""
 
     placement: Literal["split", "colocated", "auto"] = "split"
     ray: bool = True
@@ -221,6 +243,7 @@ class ResourcesSection(_Section):
     rollout_resources: dict[str, float] = Field(default_factory=dict)  # {}: any node
     rollout_cores: list[int] | None = None
     trainer_cores: list[int] | None = None
+    trainer_borrows_idle_cores: bool | Literal["auto"] = "auto"
     max_trainer_restarts: int = Field(2, ge=0)
 
     @field_validator("trainer_resources", "rollout_resources")
@@ -233,6 +256,14 @@ class ResourcesSection(_Section):
         if any(v <= 0 for v in value.values()):
             raise ValueError(f"every amount must be > 0, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _borrowing_needs_split_cores(self) -> ResourcesSection:
+        if self.trainer_borrows_idle_cores is True:
+            why = borrowing_obstacle(self, same_host=False)
+            if why:
+                raise ValueError(f"trainer_borrows_idle_cores: true needs {why}")
+        return self
 
     @model_validator(mode="after")
     def _debug_mode_is_one_process(self) -> ResourcesSection:

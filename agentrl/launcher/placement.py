@@ -31,9 +31,9 @@ from typing import Any
 
 from agentrl.errors import InfrastructureError, TrainerError
 from agentrl.launcher.config import RunConfig
+from agentrl.launcher.cores import pin_to_cores
 from agentrl.launcher.ledger import kill_recorded
 from agentrl.launcher.memory import MemorySampler
-from agentrl.launcher.resources import pin_to_cores
 
 logger = logging.getLogger(__name__)
 

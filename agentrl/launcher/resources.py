@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -20,20 +19,6 @@ from agentrl.tokenizer import ChatTokenizer, tokenize_trace
 from agentrl.types import Task
 
 logger = logging.getLogger(__name__)
-
-
-def pin_to_cores(cores: list[int]) -> None:
-    """Pin every thread of this process (and so every child it starts later) to ``cores``.
-
-    ``os.sched_setaffinity(0, …)`` pins only the calling thread: a Ray actor runs its methods on other threads
-    than the one that would call it, and those floated onto the other side's cores (the rollout worker ran
-    on the trainer's core in the async benchmark)."""
-    wanted = set(cores)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), wanted)
-        except (ProcessLookupError, FileNotFoundError):
-            pass  # the thread ended meanwhile
 
 
 def check_task_source(source: str, *, prompt_key: str, answer_key: str | None, what: str) -> None:

@@ -15,7 +15,8 @@ import asyncio
 import json
 import logging
 import os
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,12 @@ from agentrl.env.registry import EnvResources, load_imports
 from agentrl.gateway import GatewayConfig, LocalGateway
 from agentrl.launcher.colocation import MemoryHandover, hands_over_memory, process_cores
 from agentrl.launcher.config import RunConfig
+from agentrl.launcher.cores import IdleBeacon, idle_key, pin_to_cores
 from agentrl.launcher.heldout import heldout_eval
 from agentrl.launcher.ledger import record_process
 from agentrl.launcher.memory import MemorySampler
 from agentrl.launcher.protocol import queue_capacity, registry_namespace, stream_name
-from agentrl.launcher.resources import heldout_tasks, make_env_resources, pin_to_cores, tasks_from
+from agentrl.launcher.resources import heldout_tasks, make_env_resources, tasks_from
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, WeightVersion, connect_redis
 from agentrl.queue.weight_sync import SyncChannel
@@ -83,6 +85,8 @@ class RolloutWorker:
         self._servers: list[SGLangServer] = []  # the servers started here (none with engine.url)
         self._own_memory = memory is None
         self.memory = memory or MemorySampler()
+        self._busy = 0  # held-out evaluations and weight loads running (groups are the scheduler's count)
+        self._beacon: IdleBeacon | None = None  # resources.trainer_borrows_idle_cores
 
     async def start(self) -> str:
         """Start everything the rollout side needs; returns the engine URL."""
@@ -128,7 +132,29 @@ class RolloutWorker:
             await self.gateway.start()
             stack.push_async_callback(self.gateway.aclose)
         await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
+        if cfg.resources.trainer_borrows_idle_cores is True:  # resolved by the placement: lend our idle cores
+            self._beacon = IdleBeacon(handle.client, idle_key(cfg.name), self._is_busy)
+            self._beacon.start()
+            stack.push_async_callback(self._beacon.aclose)
         return url
+
+    def _is_busy(self) -> bool:
+        return self._busy > 0 or (self.scheduler is not None and self.scheduler.gate.running > 0)
+
+    @asynccontextmanager
+    async def _working(self) -> AsyncIterator[None]:
+        """Work outside the scheduler's groups (an evaluation, a weight load): the rollout side is busy meanwhile."""
+        self._busy += 1
+        self._poke()
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self._poke()
+
+    def _poke(self) -> None:
+        if self._beacon is not None:
+            self._beacon.poke()
 
     def _pool(self, members: list[Any]) -> EnginePool:
         """``members`` (servers started here, or URLs) behind one pool, with ``engine:``'s pool settings and client
@@ -189,6 +215,10 @@ class RolloutWorker:
 
     async def load_weights(self, wv: WeightVersion) -> int:
         """Bring the servers to the published version ``wv`` by its transport; returns the version they serve."""
+        async with self._working():
+            return await self._load_weights(wv)
+
+    async def _load_weights(self, wv: WeightVersion) -> int:
         assert self.client is not None
         if wv.transport == "base" or (wv.transport == "disk"
                                       and Path(wv.path).resolve() == resolve_model(self.cfg.model).resolve()):
@@ -218,8 +248,9 @@ class RolloutWorker:
         the controller writes to ``eval_<label>.jsonl`` (this node may share no directory with it)."""
         tasks = heldout_tasks(self.cfg)
         logger.info("held-out eval %s starts: %d tasks", label, len(tasks))
-        figures, records = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
-                                              resources=self.resources)
+        async with self._working():
+            figures, records = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
+                                                  resources=self.resources)
         result = {"label": label, "version": await self.client.weight_version() if self.client else None,
                   **figures}
         logger.info("held-out eval %s: %s", label, result)
@@ -246,6 +277,7 @@ class RolloutWorker:
             if self.cfg.log_rollouts != "none" else None,
             load_weights=load,
         )
+        self.scheduler.gate.listeners.append(self._poke)
         stats = await self.scheduler.run(total_groups=total_groups, final_version=final_version)
         return {"trajectories_produced": stats.trajectories_queued, "groups_queued": stats.groups_queued,
                 "groups_failed": stats.groups_failed, "groups_filtered": stats.groups_filtered,

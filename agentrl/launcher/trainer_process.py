@@ -31,6 +31,7 @@ import torch
 
 from agentrl.data.sft import read_traces
 from agentrl.launcher.config import RunConfig, load_config
+from agentrl.launcher.cores import CoreBorrower, idle_key, redis_idle_probe
 from agentrl.launcher.protocol import queue_capacity, read_groups, registry_namespace, stream_name
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
@@ -48,7 +49,7 @@ def load_traces(path: Path) -> list[Trace]:
     return [Trace(token_ids=t.token_ids, loss_mask=t.loss_mask) for t in read_traces(path)]
 
 
-def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path) -> Path:
+def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path, borrower: CoreBorrower | None = None) -> Path:
     """Cold-start SFT on ``run_dir/sft_traces.jsonl``; exports and returns ``weights/v0``."""
     traces = load_traces(run_dir / "sft_traces.jsonl")
     optimizer = cfg.trainer.optimizer.model_copy(update={"lr": cfg.sft.lr, "warmup_steps": 0, "schedule": "constant",
@@ -57,18 +58,24 @@ def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path) -> Path:
     loss = cfg.trainer.loss.model_copy(update={"kl_coef": 0.0})
     tcfg = cfg.trainer.model_copy(update={"optimizer": optimizer, "loss": loss}).for_model(str(base_model))
     target = run_dir / "weights" / "v0"
-    with Trainer(tcfg) as sft, open(run_dir / "sft_metrics.jsonl", "a") as out:
-        bs = cfg.sft.batch_size
-        for step in range(cfg.sft.steps):
-            start = (step * bs) % len(traces)
-            batch = (traces + traces)[start : start + bs]
-            m = sft.sft_step(batch)
-            if sft.rank == 0:
-                out.write(json.dumps(m.as_dict()) + "\n")
-                out.flush()
-                if step % 10 == 0 or step == cfg.sft.steps - 1:
-                    logger.info("sft step %d/%d loss %.4f", step + 1, cfg.sft.steps, m.loss)
-        sft.export_hf(target)
+    try:
+        with Trainer(tcfg) as sft, open(run_dir / "sft_metrics.jsonl", "a") as out:
+            sft.before_micro_batch = borrower.adjust if borrower is not None else None
+            bs = cfg.sft.batch_size
+            for step in range(cfg.sft.steps):
+                start = (step * bs) % len(traces)
+                batch = (traces + traces)[start : start + bs]
+                m = sft.sft_step(batch)
+                if sft.rank == 0:
+                    borrowed = {"cores_borrowed_share": borrower.take_share()} if borrower is not None else {}
+                    out.write(json.dumps({**m.as_dict(), **borrowed}) + "\n")
+                    out.flush()
+                    if step % 10 == 0 or step == cfg.sft.steps - 1:
+                        logger.info("sft step %d/%d loss %.4f", step + 1, cfg.sft.steps, m.loss)
+            sft.export_hf(target)
+    finally:
+        if borrower is not None:  # SFT's thread count is its own: the RL trainer starts from its own cores
+            borrower.close()
     return target
 
 
@@ -84,6 +91,7 @@ class _Rank0:
         self.cfg, self.queue, self.registry, self.redis_url = cfg, queue, registry, redis_url
         self.carry: dict[str, list[QueueEntry]] = {}
         self.unacked: list[str] = []  # entries trained on since the last checkpoint
+        self.borrower: CoreBorrower | None = None  # resources.trainer_borrows_idle_cores
 
 
 _ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -161,19 +169,26 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
         queue = TrajectoryQueue(handle.client, stream_name(cfg.name), consumer="trainer-0",
                                 capacity=queue_capacity(cfg))
         r0 = _Rank0(cfg, queue, WeightRegistry(handle.client, registry_namespace(cfg.name)), handle.url)
+        if cfg.resources.trainer_borrows_idle_cores is True and cfg.resources.trainer_world_size == 1:
+            r = cfg.resources
+            r0.borrower = CoreBorrower(r.trainer_cores or [], r.rollout_cores or [],
+                                       redis_idle_probe(handle.url, idle_key(cfg.name)))
+            logger.info("trainer borrows the rollout cores %s while the rollout side is idle", r.rollout_cores)
     try:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         need_v0 = ckpt is None and (r0 is None or await r0.registry.latest() is None)
         publish_v0 = broadcast_object(need_v0 if r0 is not None else None)
         sft = cfg.sft.enabled and cfg.sft.steps > 0
         if publish_v0:
-            v0_path = run_sft(cfg, run_dir, base_model) if sft else base_model
+            v0_path = run_sft(cfg, run_dir, base_model, r0.borrower if r0 else None) if sft else base_model
             if r0 is not None and not sft:
                 await r0.registry.publish(0, str(v0_path), step=0, metrics={}, transport="base")
                 logger.info("published v0: the base model %s", v0_path)
         policy = run_dir / "weights" / "v0" if (run_dir / "weights" / "v0" / "config.json").exists() else base_model
         with Trainer(cfg.trainer.for_model(str(policy))) as trainer:
-            _record_placement(run_dir, rank)
+            _record_placement(run_dir, rank, r0.borrower if r0 else None)
+            if r0 is not None and r0.borrower is not None:
+                trainer.before_micro_batch = r0.borrower.adjust
             weights = WeightShare(cfg, run_dir, trainer, r0)
             try:
                 if ckpt is not None:
@@ -200,18 +215,24 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
                 weights.close()
     finally:
         if r0 is not None:
+            if r0.borrower is not None:
+                r0.borrower.close()
             await r0.queue.aclose()
             await r0.registry.aclose()
         if handle is not None:
             await handle.aclose()
 
 
-def _record_placement(run_dir: Path, rank: int) -> None:
+def _record_placement(run_dir: Path, rank: int, borrower: CoreBorrower | None = None) -> None:
     """Log and record (``logs/trainer-<rank>.placement.json``) the cores and torch threads this rank runs with:
-    what ``resources.placement`` gave it, as applied (:mod:`agentrl.launcher.colocation`)."""
-    placed = {"rank": rank, "pid": os.getpid(), "cores": sorted(os.sched_getaffinity(0)),
-              "torch_threads": torch.get_num_threads()}
-    logger.info("trainer rank %d: cores %s, %d torch threads", rank, placed["cores"], placed["torch_threads"])
+    what ``resources.placement`` gave it, as applied (:mod:`agentrl.launcher.colocation`), and the cores it
+    borrows while the rollout side is idle (:mod:`agentrl.launcher.cores`)."""
+    own = borrower.own if borrower is not None else sorted(os.sched_getaffinity(0))
+    threads = torch.get_num_threads() - (len(borrower.lend) if borrower is not None and borrower.borrowing else 0)
+    placed = {"rank": rank, "pid": os.getpid(), "cores": own, "torch_threads": threads,
+              "borrows_cores": borrower.lend if borrower is not None else []}
+    logger.info("trainer rank %d: cores %s, %d torch threads%s", rank, placed["cores"], placed["torch_threads"],
+                f"; also cores {borrower.lend} while the rollout side is idle" if borrower is not None else "")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "logs" / f"trainer-{rank}.placement.json").write_text(json.dumps(placed))
 
@@ -271,6 +292,8 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
         return
     record = {**m.as_dict(), "step": trainer.step, "weight_version": new_version, "wait_s": wait_s,
               "time_s": time.monotonic() - t0, "wall_time": time.time()}
+    if r0.borrower is not None:  # share of this step's micro-batches run on the rollout side's cores too
+        record["cores_borrowed_share"] = r0.borrower.take_share()
     await r0.registry.publish(new_version, str(target), step=trainer.step,
                               metrics={"reward_mean": m.reward_mean, "loss": m.loss}, transport=weights.transport)
     append_metrics(run_dir, record)

@@ -91,6 +91,9 @@ class Trainer:
 
     def __init__(self, config: TrainerConfig) -> None:
         self.config = config
+        # called before every forward pass over a micro-batch (the launcher's CoreBorrower widens or narrows the
+        # cores this process computes on there: agentrl.launcher.cores)
+        self.before_micro_batch: Callable[[], None] | None = None
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         set_mmap_threshold(config.mmap_threshold_kb)  # process-wide, before any model is allocated
@@ -363,6 +366,8 @@ class Trainer:
     def _forward(
         self, module: ScoredLM, mb: MicroBatch, entropy: EntropyMode
     ) -> tuple[Tensor, Tensor | None]:
+        if self.before_micro_batch is not None:
+            self.before_micro_batch()
         if module is self._policy and torch.is_grad_enabled():
             self._switch_checkpointing(mb.input_ids.numel())
         return module(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from agentrl.launcher.resources import pin_to_cores
+from agentrl.launcher.cores import pin_to_cores
 
 
 def test_every_thread_and_later_children_are_pinned() -> None:
