@@ -6,12 +6,14 @@ slow side (the demo on a 2-core CPU: a ~50 s step against ~20 s of generation fo
 staleness budget, then idles until the next version is published, and its core with it. So:
 
 - the rollout actor runs an :class:`IdleBeacon`: while no group is in flight, no held-out evaluation and no weight
-  load runs, it keeps a Redis key alive (``agentrl:<run>:rollout_idle``, its host name, a 2 s expiry refreshed
-  every 0.25 s); the staleness gate pokes it whenever a group starts or ends, so the key appears and goes within a
-  Redis round trip of the change;
+  load runs, it keeps a Redis key alive (``agentrl:<run>:rollout_idle``: its host name and the version it serves;
+  a 2 s expiry refreshed every 0.25 s); the staleness gate pokes it whenever a group starts or ends, so the key
+  appears and goes within a Redis round trip of the change;
 - the trainer (one rank, on CPU, on the same host) asks before every micro-batch (:class:`CoreBorrower`): while
-  the key is there it runs with its own and the rollout's cores (affinity widened, one torch thread more per core),
-  otherwise on its own cores as placed. A micro-batch is seconds of work, so the switch lags the rollout side by at
+  the key is there and names the newest version it published (the rollout side waits for the trainer, not for a
+  weight load about to start), it runs with its own and the rollout's cores (affinity widened, one torch thread
+  more per core), otherwise on its own cores as placed; after each step it goes back to its own cores for the
+  export and publication, when the rollout side wakes up. A micro-batch is seconds of work, so the switch lags the rollout side by at
   most one micro-batch: for that long both sides share the rollout's cores.
 
 The host name check keeps a trainer on another node (a cluster, custom Ray resources) from taking its own idle
@@ -56,11 +58,12 @@ def idle_key(run: str) -> str:
 
 
 class IdleBeacon:
-    """Rollout side: keeps ``key`` alive (value: this host's name) while ``busy()`` is false."""
+    """Rollout side: keeps ``key`` alive while ``busy()`` is false; its value is this host's name and the weight
+    version the rollout side serves (``served()``)."""
 
-    def __init__(self, client: Any, key: str, busy: Callable[[], bool], *, refresh_s: float = REFRESH_S,
-                 ttl_ms: int = TTL_MS) -> None:
-        self.client, self.key, self.busy = client, key, busy
+    def __init__(self, client: Any, key: str, busy: Callable[[], bool], served: Callable[[], int], *,
+                 refresh_s: float = REFRESH_S, ttl_ms: int = TTL_MS) -> None:
+        self.client, self.key, self.busy, self.served = client, key, busy, served
         self.refresh_s, self.ttl_ms = refresh_s, ttl_ms
         self.host = socket.gethostname()
         self._task: asyncio.Task[None] | None = None
@@ -78,7 +81,7 @@ class IdleBeacon:
         """Publish the current state now (also called by the loop)."""
         idle = not self.busy()
         if idle:
-            await self.client.set(self.key, self.host, px=self.ttl_ms)
+            await self.client.set(self.key, f"{self.host} {self.served()}", px=self.ttl_ms)
         elif self._idle:
             await self.client.delete(self.key)
         self._idle = idle
@@ -108,23 +111,33 @@ class IdleBeacon:
             logger.debug("rollout idle beacon: cannot delete %s: %s", self.key, exc)
 
 
-def redis_idle_probe(redis_url: str, key: str, *, timeout_s: float = 0.5) -> Callable[[], bool]:
-    """Trainer side: a function that says whether the rollout side on this host is idle now. A synchronous client
-    of its own (the trainer's step is synchronous code); any error reads as busy."""
+def redis_idle_probe(redis_url: str, key: str, published: Callable[[], int], *,
+                     timeout_s: float = 0.5) -> Callable[[], bool]:
+    """Trainer side: a function that says whether the rollout side on this host is idle now *and* serves the newest
+    version the trainer has published (``published()``): idle with an older version, it is about to load the new one
+    and start generating, so its cores are not free. A synchronous client of its own (the trainer's step is
+    synchronous code); any error, another host, a malformed value read as busy."""
     import redis
 
     client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    host = socket.gethostname().encode()
+    host = socket.gethostname()
     warned = False
 
     def idle() -> bool:
         nonlocal warned
         try:
-            return client.get(key) == host
+            value = client.get(key)
         except redis.RedisError as exc:
             if not warned:
                 logger.warning("cannot read the rollout side's idle flag (%s): the trainer keeps its own cores", exc)
                 warned = True
+            return False
+        if value is None:
+            return False
+        name, _, served = value.decode(errors="replace").rpartition(" ")
+        try:
+            return name == host and int(served) >= published()
+        except ValueError:
             return False
 
     return idle

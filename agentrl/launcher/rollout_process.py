@@ -133,10 +133,14 @@ class RolloutWorker:
             stack.push_async_callback(self.gateway.aclose)
         await self.client.set_weight_version(-1 if cfg.sft.enabled else 0)
         if cfg.resources.trainer_borrows_idle_cores is True:  # resolved by the placement: lend our idle cores
-            self._beacon = IdleBeacon(handle.client, idle_key(cfg.name), self._is_busy)
+            self._beacon = IdleBeacon(handle.client, idle_key(cfg.name), self._is_busy, self._served)
             self._beacon.start()
             stack.push_async_callback(self._beacon.aclose)
         return url
+
+    def _served(self) -> int:
+        """The trainer version the engine serves as the scheduler knows it (-1 before RL starts)."""
+        return self.scheduler.version if self.scheduler is not None else -1
 
     def _is_busy(self) -> bool:
         return self._busy > 0 or (self.scheduler is not None and self.scheduler.gate.running > 0)

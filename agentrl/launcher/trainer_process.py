@@ -92,6 +92,7 @@ class _Rank0:
         self.carry: dict[str, list[QueueEntry]] = {}
         self.unacked: list[str] = []  # entries trained on since the last checkpoint
         self.borrower: CoreBorrower | None = None  # resources.trainer_borrows_idle_cores
+        self.published = -1  # the newest version this trainer published (the borrower's test of a waiting rollout)
 
 
 _ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -172,7 +173,7 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
         if cfg.resources.trainer_borrows_idle_cores is True and cfg.resources.trainer_world_size == 1:
             r = cfg.resources
             r0.borrower = CoreBorrower(r.trainer_cores or [], r.rollout_cores or [],
-                                       redis_idle_probe(handle.url, idle_key(cfg.name)))
+                                       redis_idle_probe(handle.url, idle_key(cfg.name), lambda: r0.published))
             logger.info("trainer borrows the rollout cores %s while the rollout side is idle", r.rollout_cores)
     try:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
@@ -183,6 +184,7 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
             v0_path = run_sft(cfg, run_dir, base_model, r0.borrower if r0 else None) if sft else base_model
             if r0 is not None and not sft:
                 await r0.registry.publish(0, str(v0_path), step=0, metrics={}, transport="base")
+                r0.published = 0
                 logger.info("published v0: the base model %s", v0_path)
         policy = run_dir / "weights" / "v0" if (run_dir / "weights" / "v0" / "config.json").exists() else base_model
         with Trainer(cfg.trainer.for_model(str(policy))) as trainer:
@@ -208,6 +210,7 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
                 if publish_v0 and sft and r0 is not None:  # after the share: a broadcast of v0 can be served now
                     await r0.registry.publish(0, str(run_dir / "weights" / "v0"), step=0, metrics={},
                                               transport=weights.transport)
+                    r0.published = 0
                     logger.info("published v0 (%s)", weights.transport)
                 while trainer.weight_version < cfg.steps:
                     await rl_step(cfg, run_dir, trainer, r0, weights)
@@ -264,6 +267,7 @@ async def _republish(r0: _Rank0, run_dir: Path, version: int, step: int, transpo
     if version > 0 and (latest is None or latest.version < version):
         await r0.registry.publish(version, str(run_dir / "weights" / f"v{version}"), step=step, metrics={},
                                   transport=transport)
+    r0.published = max(version, latest.version if latest is not None else -1)
 
 
 async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None, weights: WeightShare) -> None:
@@ -276,6 +280,8 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
     wait_s = time.monotonic() - t0
     batch: list[Trajectory] = broadcast_object([e.trajectory for e in entries] if r0 is not None else None)
     m = trainer.rl_step(batch, current_version=trainer.weight_version)
+    if r0 is not None and r0.borrower is not None:
+        r0.borrower.close()  # the export and publication on our own cores: the rollout side wakes up meanwhile
     new_version = trainer.weight_version
     target = run_dir / "weights" / f"v{new_version}"
     weights.share(new_version, target)
@@ -296,6 +302,7 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
         record["cores_borrowed_share"] = r0.borrower.take_share()
     await r0.registry.publish(new_version, str(target), step=trainer.step,
                               metrics={"reward_mean": m.reward_mean, "loss": m.loss}, transport=weights.transport)
+    r0.published = new_version
     append_metrics(run_dir, record)
     prune_weight_versions(cfg, run_dir, new_version)
     logger.info("step %d → v%d reward %.3f trajs %d tokens %d staleness %.2f (%.1fs, waited %.1fs)",

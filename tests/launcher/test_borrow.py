@@ -100,14 +100,21 @@ async def test_the_beacon_shows_idleness_as_the_gate_and_other_work_change(redis
     key = idle_key("beacon-test")
     gate = StalenessManager(groups_per_step=1, max_staleness=1, max_running=2)
     other = {"busy": False}
-    beacon = IdleBeacon(client, key, lambda: other["busy"] or gate.running > 0, refresh_s=10.0)
+    versions = {"served": 3, "published": 3}
+    beacon = IdleBeacon(client, key, lambda: other["busy"] or gate.running > 0, lambda: versions["served"],
+                        refresh_s=10.0)
     gate.listeners.append(beacon.poke)
-    probe = redis_idle_probe(redis_server.url, key)
+    probe = redis_idle_probe(redis_server.url, key, lambda: versions["published"])
     try:
         assert not probe()  # nothing published yet
         beacon.start()
         await _settle(beacon)
-        assert probe() and await client.get(key) == socket.gethostname().encode()
+        assert probe() and await client.get(key) == f"{socket.gethostname()} 3".encode()
+        versions["published"] = 4  # idle, but about to load the trainer's newest version: not free
+        assert not probe()
+        versions["served"] = 4
+        await beacon.update()
+        assert probe()
         assert 0 < await client.pttl(key) <= 2000  # expires by itself if the rollout side dies
         await gate.acquire()  # a group starts: the gate pokes, the key goes at once (no 10 s refresh to wait for)
         await _settle(beacon)
@@ -123,7 +130,9 @@ async def test_the_beacon_shows_idleness_as_the_gate_and_other_work_change(redis
         beacon.poke()
         await _settle(beacon)
         assert probe()
-        await client.set(key, "another-host", px=2000)  # a rollout side on another node lends nothing here
+        await client.set(key, "another-host 4", px=2000)  # a rollout side on another node lends nothing here
+        assert not probe()
+        await client.set(key, "garbage", px=2000)
         assert not probe()
         await beacon.update()
     finally:
@@ -134,7 +143,7 @@ async def test_the_beacon_shows_idleness_as_the_gate_and_other_work_change(redis
 
 
 def test_an_unreachable_redis_reads_as_busy(tmp_path: Path) -> None:
-    probe = redis_idle_probe(f"unix://{tmp_path}/no.sock", "k", timeout_s=0.2)
+    probe = redis_idle_probe(f"unix://{tmp_path}/no.sock", "k", lambda: 0, timeout_s=0.2)
     assert probe() is False
 
 
