@@ -24,7 +24,8 @@ from agentrl.launcher.config import load_config
 from agentrl.launcher.cores import CoreBorrower, IdleBeacon, idle_key, pin_to_cores, redis_idle_probe
 from agentrl.queue import EmbeddedRedis, make_client
 
-SPLIT = ["rollout.max_staleness=1", "resources.rollout_cores=[0]", "resources.trainer_cores=[1]"]
+SPLIT = ["rollout.max_staleness=1", "resources.rollout_cores=[0]", "resources.trainer_cores=[1]",
+         "resources.trainer_borrows_idle_cores=auto"]
 TWO_CORES = sorted(os.sched_getaffinity(0))[:2]
 needs_two_cores = pytest.mark.skipif(len(TWO_CORES) < 2, reason="needs two cores to lend one")
 
@@ -60,7 +61,7 @@ def test_auto_borrows_with_split_cores_on_one_host_and_writes_it_in() -> None:
     (["resources.ray_address=auto"], "both sides on this host"),
 ])
 def test_auto_stays_off_where_borrowing_cannot_work_and_says_why(overrides: list[str], why: str) -> None:
-    base = SPLIT if overrides else ["rollout.max_staleness=1"]
+    base = SPLIT if overrides else ["rollout.max_staleness=1", "resources.trainer_borrows_idle_cores=auto"]
     cfg = load_config(None, [*base, *overrides])
     choice = choose_placement(cfg, available=[0, 1])
     assert choice.trainer_borrows is None and why in choice.borrow_reason
@@ -73,6 +74,8 @@ def test_colocated_and_false_do_not_borrow() -> None:
     off = choose_placement(load_config(None, [*SPLIT, "resources.trainer_borrows_idle_cores=false"]),
                            available=[0, 1])
     assert off.trainer_borrows is None and "false" in off.borrow_reason
+    default = choose_placement(load_config(None, SPLIT[:3]), available=[0, 1])  # off unless asked for
+    assert default.trainer_borrows is None
 
 
 def test_true_where_it_cannot_work_is_refused_with_what_it_needs() -> None:
@@ -204,7 +207,8 @@ def test_a_split_run_lends_the_idle_rollout_core_to_the_trainer(tmp_path: Path) 
         "rollout": {"n_samples": 2, "groups_per_step": 2, "max_staleness": 0, "max_new_tokens": 16, "max_turns": 2,
                     "max_response_tokens": 48, "max_context_tokens": 192},
         "trainer": {"micro_batch_tokens": 64, "dtype": "fp32"},  # several micro-batches a step: several asks
-        "resources": {"placement": "split", "rollout_cores": TWO_CORES[:1], "trainer_cores": TWO_CORES[1:]},
+        "resources": {"placement": "split", "rollout_cores": TWO_CORES[:1], "trainer_cores": TWO_CORES[1:],
+                      "trainer_borrows_idle_cores": "auto"},
         "monitor": {"live": False, "prometheus_port": None, "tensorboard": False},
     }
     path = tmp_path / "borrow.yaml"
