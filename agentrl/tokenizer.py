@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,9 +83,10 @@ def _write_cache(key: str, picked: tuple[str, str]) -> None:
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached, indent=1))
-        tmp.replace(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer_class.", suffix=".tmp")  # threads, hosts
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(cached, indent=1))
+        os.replace(tmp, path)
     except OSError as exc:  # a read-only home: ask a child again next time
         logger.debug("cannot cache the tokenizer class in %s: %s", path, exc)
 

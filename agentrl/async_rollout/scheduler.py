@@ -126,6 +126,7 @@ class RolloutScheduler:
         self.load_weights = load_weights or self._from_path
         self.version = initial_version
         self.initial_version = initial_version
+        self.total_groups: int | None = None  # set by run()
         self.gate = StalenessManager(groups_per_step=config.groups_per_step, max_staleness=config.max_staleness,
                                      max_running=config.max_running_groups, version=initial_version)
         self.stats = RolloutStats()
@@ -140,6 +141,7 @@ class RolloutScheduler:
     async def run(self, *, total_groups: int, final_version: int) -> RolloutStats:
         """Produce ``total_groups`` groups, then keep loading weights until the engine serves ``final_version``.
         Raises the first agentrl error that stopped it (e.g. the engine kept failing), not an exception group."""
+        self.total_groups = total_groups
         try:
             async with asyncio.TaskGroup() as tg:
                 follower = tg.create_task(self._follow_weights(final_version))

@@ -42,7 +42,8 @@ class StalenessManager:
         self.started = 0
         self.running = 0
         self._changed = asyncio.Condition()
-        self.listeners: list[Callable[[], None]] = []  # told whenever ``running`` changes (agentrl.launcher.cores)
+        # told whenever ``running`` or ``version`` changes (agentrl.launcher.cores)
+        self.listeners: list[Callable[[], None]] = []
 
     def capacity(self) -> int:
         by_staleness = (self.max_staleness + self.version + 1) * self.groups_per_step - self.started
@@ -75,6 +76,7 @@ class StalenessManager:
         async with self._changed:
             self.version = max(self.version, version)
             self._changed.notify_all()
+            self._tell()
 
     def stats(self) -> StalenessStats:
         return StalenessStats(self.version, self.started, self.running, self.capacity())

@@ -79,12 +79,12 @@ class IdleBeacon:
 
     async def update(self) -> None:
         """Publish the current state now (also called by the loop)."""
-        idle = not self.busy()
-        if idle:
+        if not self.busy():
+            self._idle = True  # before the SET: if its reply is lost, a later busy state still deletes the key
             await self.client.set(self.key, f"{self.host} {self.served()}", px=self.ttl_ms)
         elif self._idle:
             await self.client.delete(self.key)
-        self._idle = idle
+            self._idle = False
 
     async def _run(self) -> None:
         while True:
@@ -191,5 +191,7 @@ class CoreBorrower:
         return share
 
     def close(self) -> None:
+        """Back to our own cores; the next :meth:`adjust` asks afresh (a version may have been published since)."""
+        self._asked = -float("inf")
         if self.borrowing:
             self._narrow()

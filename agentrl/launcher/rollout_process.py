@@ -139,11 +139,18 @@ class RolloutWorker:
         return url
 
     def _served(self) -> int:
-        """The trainer version the engine serves as the scheduler knows it (-1 before RL starts)."""
-        return self.scheduler.version if self.scheduler is not None else -1
+        """The version the staleness gate admits groups for (-1 before RL starts): set after a loaded version is
+        resumed, so a rollout side between loading a version and generating with it does not look up to date."""
+        return self.scheduler.gate.version if self.scheduler is not None else -1
 
     def _is_busy(self) -> bool:
-        return self._busy > 0 or (self.scheduler is not None and self.scheduler.gate.running > 0)
+        """Busy unless nothing runs and the gate admits nothing more (the rollout side waits for the trainer's next
+        version, or has produced everything)."""
+        s = self.scheduler
+        if self._busy > 0 or s is None:
+            return self._busy > 0
+        g = s.gate
+        return g.running > 0 or (g.capacity() > 0 and g.started < (s.total_groups or 0))
 
     @asynccontextmanager
     async def _working(self) -> AsyncIterator[None]:

@@ -10,7 +10,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -93,9 +94,15 @@ def test_true_where_it_cannot_work_is_refused_with_what_it_needs() -> None:
 
 # --- the beacon and the probe, in a real Redis -------------------------------------------------------------------------
 
-async def _settle(beacon: IdleBeacon) -> None:
-    for _ in range(3):  # the beacon's loop publishes a poke within a Redis round trip
-        await asyncio.sleep(0.05)
+async def _becomes(probe: Callable[[], bool], expected: bool, timeout_s: float = 5.0) -> bool:
+    """Whether ``probe()`` reads ``expected`` within ``timeout_s`` (the beacon publishes a poke within a Redis round
+    trip; its own refresh is 10 s in the test, so only the pokes can make it in time)."""
+    deadline = time.monotonic() + timeout_s
+    while probe() is not expected:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 async def test_the_beacon_shows_idleness_as_the_gate_and_other_work_change(redis_server: EmbeddedRedis) -> None:
@@ -111,8 +118,7 @@ async def test_the_beacon_shows_idleness_as_the_gate_and_other_work_change(redis
     try:
         assert not probe()  # nothing published yet
         beacon.start()
-        await _settle(beacon)
-        assert probe() and await client.get(key) == f"{socket.gethostname()} 3".encode()
+        assert await _becomes(probe, True) and await client.get(key) == f"{socket.gethostname()} 3".encode()
         versions["published"] = 4  # idle, but about to load the trainer's newest version: not free
         assert not probe()
         versions["served"] = 4
@@ -120,19 +126,15 @@ async def test_the_beacon_shows_idleness_as_the_gate_and_other_work_change(redis
         assert probe()
         assert 0 < await client.pttl(key) <= 2000  # expires by itself if the rollout side dies
         await gate.acquire()  # a group starts: the gate pokes, the key goes at once (no 10 s refresh to wait for)
-        await _settle(beacon)
-        assert not probe()
+        assert await _becomes(probe, False)
         await gate.release()
-        await _settle(beacon)
-        assert probe()
+        assert await _becomes(probe, True)
         other["busy"] = True  # e.g. a held-out evaluation
         beacon.poke()
-        await _settle(beacon)
-        assert not probe()
+        assert await _becomes(probe, False)
         other["busy"] = False
         beacon.poke()
-        await _settle(beacon)
-        assert probe()
+        assert await _becomes(probe, True)
         await client.set(key, "another-host 4", px=2000)  # a rollout side on another node lends nothing here
         assert not probe()
         await client.set(key, "garbage", px=2000)
@@ -226,3 +228,25 @@ def test_a_split_run_lends_the_idle_rollout_core_to_the_trainer(tmp_path: Path) 
     shares = [json.loads(line)["cores_borrowed_share"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(shares) == 3 and all(s is not None for s in shares)
     assert max(shares) > 0, shares  # the trainer computed on the rollout core while the rollout side waited
+
+
+def test_the_rollout_side_is_idle_only_when_its_gate_admits_nothing_more(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from agentrl.launcher.rollout_process import RolloutWorker
+
+    worker = RolloutWorker(load_config(None, []), tmp_path, "redis://unused")
+    assert not worker._is_busy() and worker._served() == -1  # before RL: nothing runs
+    gate = StalenessManager(groups_per_step=2, max_staleness=0, max_running=4)
+    worker.scheduler = SimpleNamespace(gate=gate, total_groups=4)  # type: ignore[assignment]
+    assert worker._is_busy()  # nothing running, but the gate admits two groups: about to generate
+    gate.started = 2  # version 0's groups done
+    assert not worker._is_busy() and worker._served() == 0  # waits for the trainer's version 1
+    gate.version = 1
+    assert worker._is_busy()
+    gate.started, gate.running = 3, 1
+    assert worker._is_busy()
+    gate.started, gate.running = 4, 0  # everything produced
+    assert not worker._is_busy()
+    worker._busy = 1  # a held-out evaluation
+    assert worker._is_busy()
