@@ -6,7 +6,7 @@ slow side (the demo on a 2-core CPU: a ~50 s step against ~20 s of generation fo
 staleness budget, then idles until the next version is published, and its core with it. So:
 
 - the rollout actor runs an :class:`IdleBeacon`: while no group is in flight, no held-out evaluation and no weight
-  load runs, it keeps a Redis key alive (``agentrl:<run>:rollout_idle``: its host name and the version it serves;
+  load runs, and the staleness gate admits no more groups, it keeps a Redis key alive (``agentrl:<run>:rollout_idle``: its host name and the version it serves;
   a 2 s expiry refreshed every 0.25 s); the staleness gate pokes it whenever a group starts or ends, so the key
   appears and goes within a Redis round trip of the change;
 - the trainer (one rank, on CPU, on the same host) asks before every micro-batch (:class:`CoreBorrower`): while
