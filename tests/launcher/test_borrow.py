@@ -199,11 +199,12 @@ def test_overlapping_or_empty_cores_are_refused() -> None:
 @needs_two_cores
 @pytest.mark.slow
 @pytest.mark.sglang
-@pytest.mark.redis  # the run starts its embedded Redis and its own SGLang server
-def test_a_split_run_lends_the_idle_rollout_core_to_the_trainer(tmp_path: Path) -> None:
+@pytest.mark.redis  # the run starts its embedded Redis; it uses the session's SGLang server
+def test_a_split_run_lends_the_idle_rollout_core_to_the_trainer(tmp_path: Path, shared_server: str) -> None:
     config = {
         "name": "borrow", "model": "tiny", "steps": 3, "runs_dir": str(tmp_path / "runs"),
-        "sft": {"enabled": True, "steps": 2, "num_traces": 4, "batch_size": 2}, "engine": {"dtype": "float32"},
+        "sft": {"enabled": True, "steps": 2, "num_traces": 4, "batch_size": 2},
+        "engine": {"dtype": "float32", "url": shared_server},
         "data": {"num_heldout": 2},
         # η = 0: the rollout side waits for each version, so it idles through every trainer step
         "rollout": {"n_samples": 2, "groups_per_step": 2, "max_staleness": 0, "max_new_tokens": 16, "max_turns": 2,
