@@ -19,7 +19,6 @@ Trainer dtypes are ``fp32`` / ``bf16``; SGLang's ``--dtype`` names are ``float32
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -89,10 +88,7 @@ def matmul_gflops(dtype_name: TrainDtype, *, rows: int = 128, inner: int = 576, 
     return 2.0 * rows * inner * cols * n / elapsed / 1e9
 
 
-def _cache_file() -> Path:
-    from agentrl.models import cache_dir
-
-    return cache_dir() / "precision.json"
+CACHE_FILE = "precision.json"  # under agentrl.models.cache_dir()
 
 
 def torch_version() -> str:
@@ -120,23 +116,14 @@ def _cpu_key(model: str, flags: frozenset[str]) -> str:
 
 def _measured_cpu_speedup(model: str, flags: frozenset[str]) -> tuple[float, float]:
     """(fp32, bf16) GFLOP/s on this CPU, measured once and cached."""
+    from agentrl.models import read_json_cache, write_json_cache
+
     key = _cpu_key(model, flags)
-    path = _cache_file()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached.get(key), list) and len(cached[key]) == 2:
-        return float(cached[key][0]), float(cached[key][1])
+    hit = read_json_cache(CACHE_FILE).get(key)
+    if isinstance(hit, list) and len(hit) == 2:
+        return float(hit[0]), float(hit[1])
     fp32, bf16 = matmul_gflops("fp32"), matmul_gflops("bf16")
-    cached[key] = [round(fp32, 2), round(bf16, 2)]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached, indent=1))
-        tmp.replace(path)
-    except OSError as exc:  # a read-only home: measure again next time
-        logger.debug("cannot cache the precision measurement in %s: %s", path, exc)
+    write_json_cache(CACHE_FILE, key, [round(fp32, 2), round(bf16, 2)])  # a read-only home: measured again next time
     return fp32, bf16
 
 

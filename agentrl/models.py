@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentrl.errors import ConfigError
 
@@ -38,6 +40,32 @@ NAMED_MODELS = ("tiny", "smollm2-135m-instruct")
 def cache_dir() -> Path:
     """The agentrl cache root (``$AGENTRL_CACHE_DIR`` or ``~/.cache/agentrl``)."""
     return Path(os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl")
+
+
+def read_json_cache(name: str) -> dict[str, Any]:
+    """The JSON map ``<cache>/<name>`` ({} if missing or unreadable): small per-machine caches (hardware's precision
+    measurement, the tokenizer class AutoTokenizer picks)."""
+    try:
+        cached = json.loads((cache_dir() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
+def write_json_cache(name: str, key: str, value: Any) -> None:
+    """Set ``key`` in ``<cache>/<name>``, written whole through a unique temporary file (threads, hosts sharing a
+    home); a read-only cache is logged and skipped: the caller computes again next time."""
+    path = cache_dir() / name
+    cached = read_json_cache(name)
+    cached[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(cached, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.debug("cannot write the cache %s: %s", path, exc)
 
 
 def resolve_model(name_or_path: str | os.PathLike[str], *, weights: bool = True) -> Path:

@@ -14,16 +14,15 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 import subprocess
 import sys
-import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.models import read_json_cache, write_json_cache
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +42,7 @@ _PICKED: dict[str, tuple[str, str]] = {}
 # tokenizer file exists) and the transformers version. The pick is cached on disk under this key, so a process
 # that starts cold (the rollout actor, the gateway, each CLI call) does not pay the child's torch import each time.
 _DECIDING_FILES = ("tokenizer_config.json", "config.json", "tokenizer.json")
+CACHE_FILE = "tokenizer_class.json"
 
 
 def _pick_key(path: str) -> str:
@@ -63,41 +63,13 @@ def _pick_key(path: str) -> str:
     return f"{folder}|transformers {transformers}|{' '.join(stats)}"
 
 
-def _cache_file() -> Path:
-    from agentrl.models import cache_dir
-
-    return cache_dir() / "tokenizer_class.json"
-
-
-def _read_cache() -> dict[str, Any]:
-    try:
-        cached = json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return cached if isinstance(cached, dict) else {}
-
-
-def _write_cache(key: str, picked: tuple[str, str]) -> None:
-    cached = _read_cache()
-    cached[key] = list(picked)
-    path = _cache_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer_class.", suffix=".tmp")  # threads, hosts
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(cached, indent=1))
-        os.replace(tmp, path)
-    except OSError as exc:  # a read-only home: ask a child again next time
-        logger.debug("cannot cache the tokenizer class in %s: %s", path, exc)
-
-
 def _pick_class(path: str, timeout_s: float) -> tuple[str, str] | None:
     """(module, class name) of the tokenizer AutoTokenizer picks for ``path``: from this process's memory, else the
     disk cache, else asked of a child interpreter; ``None`` (logged) if the child fails."""
     if path in _PICKED:
         return _PICKED[path]
     key = _pick_key(path)
-    hit = _read_cache().get(key)
+    hit = read_json_cache(CACHE_FILE).get(key)
     if isinstance(hit, list) and len(hit) == 2 and all(isinstance(x, str) for x in hit):
         _PICKED[path] = (hit[0], hit[1])
         return _PICKED[path]
@@ -111,7 +83,7 @@ def _pick_class(path: str, timeout_s: float) -> tuple[str, str] | None:
                        path, err.splitlines()[-1] if err else type(exc).__name__)
         return None
     _PICKED[path] = (module, name)
-    _write_cache(key, _PICKED[path])
+    write_json_cache(CACHE_FILE, key, list(_PICKED[path]))
     return _PICKED[path]
 
 
