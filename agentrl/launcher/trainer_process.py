@@ -72,7 +72,7 @@ def run_sft(cfg: RunConfig, run_dir: Path, base_model: Path, borrower: CoreBorro
                     out.flush()
                     if step % 10 == 0 or step == cfg.sft.steps - 1:
                         logger.info("sft step %d/%d loss %.4f", step + 1, cfg.sft.steps, m.loss)
-            sft.export_hf(target)
+            sft.export_hf(target, torch.float32)  # v0 stays fp32 (a LoRA run's bf16 base merged with fp32 adapters)
     finally:
         if borrower is not None:  # SFT's thread count is its own: the RL trainer starts from its own cores
             borrower.close()

@@ -311,9 +311,10 @@ class Trainer:
         ``durable=False`` skips the fsync (for versions a checkpoint can re-create)."""
         return storage.export_hf(self._policy, self._source, Path(path), dtype, durable=durable)
 
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """The current weights with their HF names, gathered on rank 0 (CPU); empty on other ranks. Collective."""
-        return storage.full_state_dict(self._policy)
+    def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """The current weights with their HF names, gathered on rank 0 (CPU), floating-point ones in ``dtype`` if
+        given; empty on other ranks. Collective."""
+        return storage.full_state_dict(self._policy, dtype)
 
     def write_hf(self, sd: dict[str, Tensor], path: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Write ``sd`` (from :meth:`full_state_dict`, maybe of an earlier version) as an HF folder. Not

@@ -57,22 +57,27 @@ def apply_lora(lm: PreTrainedModel, layers: list[nn.Module], cfg: LoraConfig) ->
     return get_peft_model(lm, peft_cfg, adapter_name=ADAPTER)
 
 
-def merge_lora(sd: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
+def merge_lora(sd: dict[str, Tensor], scaling: float, dtype: torch.dtype | None = None, *,
+               consume: bool = False) -> dict[str, Tensor]:
     """The base model's state dict from a LoRA model's (see the module docstring): every ``X.base_layer.weight``
-    becomes ``X.weight = W + scaling * B @ A`` (computed in fp32 at least, returned in ``W``'s dtype), every other
-    ``X.base_layer.P`` becomes ``X.P``, the ``lora_`` tensors are dropped. ``sd`` is not modified."""
+    becomes ``X.weight = W + scaling * B @ A`` (computed in fp32 at least), every other ``X.base_layer.P`` becomes
+    ``X.P``, the ``lora_`` tensors are dropped. Floating-point tensors come out in ``dtype`` (default: each one's
+    own). ``sd`` is not modified unless ``consume``: then each entry leaves it as its result is made, so a gathered
+    copy's memory goes while the merged one grows (a publish holds one model's worth, not two)."""
+    adapters = {k: v for k, v in sd.items() if ".lora_" in k}  # r rows each: small
     out: dict[str, Tensor] = {}
-    for key, value in sd.items():
+    for key in list(sd):
+        value = sd.pop(key) if consume else sd[key]
         if ".lora_" in key:
             continue
         prefix, sep, leaf = key.rpartition(".base_layer.")
-        if not sep:
-            out[key] = value
-            continue
-        if leaf == "weight":
-            a, b = sd[f"{prefix}.lora_A.{ADAPTER}.weight"], sd[f"{prefix}.lora_B.{ADAPTER}.weight"]
+        target = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        if sep and leaf == "weight":
+            a, b = adapters[f"{prefix}.lora_A.{ADAPTER}.weight"], adapters[f"{prefix}.lora_B.{ADAPTER}.weight"]
             work = torch.promote_types(value.dtype, torch.float32)
             delta = (b.to(work) @ a.to(work)) * scaling
-            value = (value.to(work) + delta).to(value.dtype)
-        out[f"{prefix}.{leaf}"] = value
+            value = (value.to(work) + delta).to(target)
+        else:
+            value = value.to(target)
+        out[f"{prefix}.{leaf}" if sep else key] = value
     return out

@@ -200,7 +200,8 @@ def build_policy(
     logits_chunk_tokens: int | None = None,
     lora: LoraConfig | None = None,
 ) -> tuple[ScoredLM, bool]:
-    """Load an HF causal LM in fp32 (a frozen one in bf16 when computing in bf16), add LoRA adapters if ``lora``
+    """Load an HF causal LM in fp32 (its frozen weights in bf16 when computing in bf16: a reference model, a LoRA
+    base), add LoRA adapters if ``lora``
     (only they train then), shard each decoder layer then the root with FSDP2; return it and whether activation checkpointing is on (``activation_checkpointing`` may
     be a rule deciding it from the loaded model, adapters included)."""
     lm = load_lm(path)
@@ -223,12 +224,14 @@ def build_policy(
     lm.train(trainable)
     if not trainable:
         lm.requires_grad_(False)
-        if dtype == "bf16":
-            # a frozen model (the KL term's reference) needs no fp32 master copy: kept in bf16 it takes half the RAM,
-            # and computes the same values (FSDP2 would cast its fp32 weights to bf16 on every forward; it casts
-            # none when they already are, and still casts the floating-point inputs by the same policy). Parameters
-            # only: buffers (the rotary inv_freq) stay fp32, as FSDP2 leaves them in the policy.
-            for p in lm.parameters():  # tied weights are one Parameter: cast once, still tied
+    if dtype == "bf16":
+        # a frozen weight (the KL term's reference model, or a LoRA policy's base) needs no fp32 master copy: kept in
+        # bf16 it takes half the RAM and computes the same values (FSDP2 would cast its fp32 copy to bf16 on every
+        # forward; it casts none when it already is, and still casts the floating-point inputs by the same policy).
+        # FSDP2 wants one dtype among a unit's *trainable* parameters only, so LoRA's fp32 adapters sit beside a bf16
+        # base. Parameters only: buffers (the rotary inv_freq) stay fp32, as FSDP2 leaves them in the policy.
+        for p in lm.parameters():  # tied weights are one Parameter: cast once, still tied
+            if not p.requires_grad:
                 p.data = p.data.to(torch.bfloat16)
     wrapper = ScoredLM(lm, logits_chunk_tokens, lora=lora if peft is not None else None, peft=peft)
     mp = (

@@ -220,16 +220,22 @@ def prune_checkpoints(root: str | os.PathLike[str], keep: int) -> list[Path]:
     return old
 
 
-def full_state_dict(model: ScoredLM) -> dict[str, torch.Tensor]:
+def full_state_dict(model: ScoredLM, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The HF state dict gathered on rank 0 (CPU); empty on other ranks. Tied weights appear once. With LoRA the
     adapters are merged into the base weights, under the base model's names (:func:`agentrl.trainer.lora.merge_lora`;
-    the model is not modified)."""
+    the model is not modified). ``dtype``: floating-point tensors come out in it, converted one by one as the
+    gathered ones are let go (a whole second copy, then a cast third, is what the publish used to peak at)."""
     raw = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     sd = {k.removeprefix("lm."): v for k, v in raw.items() if isinstance(v, torch.Tensor)}
+    del raw
     if model.lora is not None and sd:
         from agentrl.trainer.lora import merge_lora
 
-        sd = merge_lora(sd, model.lora.scaling)
+        sd = merge_lora(sd, model.lora.scaling, dtype, consume=True)
+    elif dtype is not None:
+        for k, v in sd.items():  # replacing values of existing keys while iterating is allowed
+            if v.is_floating_point():
+                sd[k] = v.to(dtype)
     lm = model.lm
     if getattr(lm.config.get_text_config(), "tie_word_embeddings", False):
         tied = getattr(lm, "_tied_weights_keys", None) or ()
@@ -297,7 +303,7 @@ def export_hf(model: ScoredLM, source: Path, target: Path, dtype: torch.dtype | 
     Non-weight files (tokenizer, chat template, generation config) are copied from the ``source`` folder.
     ``durable=False`` skips the fsync (see :func:`publish_dir`).
     """
-    sd = full_state_dict(model)
+    sd = full_state_dict(model, dtype)
     if dist.get_rank() == 0:
         write_hf_folder(sd, model.lm.config, source, target, dtype, durable=durable)
     dist.barrier()

@@ -165,3 +165,44 @@ def test_sft_with_lora_lowers_the_loss_and_exports_merged_weights(tiny_config, t
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "v0"), dtype=torch.float32).eval()
     for t, lp in zip(traces, mine):
         torch.testing.assert_close(hf_logprobs(model, t.token_ids, t.loss_mask), lp, atol=2e-5, rtol=0)
+
+
+def test_merge_lora_consumes_its_input_and_casts_when_asked() -> None:
+    w, a, b = torch.randn(6, 5, dtype=torch.bfloat16), torch.randn(2, 5), torch.randn(6, 2)
+    sd = {"x.base_layer.weight": w, "x.lora_A.default.weight": a, "x.lora_B.default.weight": b,
+          "norm.weight": torch.ones(5), "step": torch.tensor(3)}
+    out = merge_lora(sd, 0.5, torch.float16, consume=True)
+    assert sd == {}, "each entry leaves the input as it is merged"
+    assert out["x.weight"].dtype == out["norm.weight"].dtype == torch.float16 and out["step"].dtype == torch.int64
+    torch.testing.assert_close(out["x.weight"], (w.float() + 0.5 * b @ a).half())
+
+
+def test_lora_in_bf16_keeps_a_bf16_base_and_fp32_adapters(tiny_config, tiny_model_path: Path, tmp_path: Path) -> None:
+    """Computing in bf16, the frozen base needs no fp32 copy (half its RAM): only the adapters (what the optimiser
+    updates) stay fp32. It trains, the base does not move, and the published weights are the bf16 base + B A s."""
+    batch = random_batch(3, n=6)
+    with Trainer(tiny_config(lr=1e-2, lora=LORA, dtype="bf16")) as tr:
+        dtypes = {n: p.dtype for n, p in tr._policy.named_parameters()}
+        assert {d for n, d in dtypes.items() if ".lora_" in n} == {torch.float32}
+        assert {d for n, d in dtypes.items() if ".lora_" not in n} == {torch.bfloat16}
+        before = {n: p.detach().clone() for n, p in tr._policy.named_parameters() if not p.requires_grad}
+        losses = [tr.rl_step(batch, current_version=v).loss for v in range(3)]
+        for n, p in tr._policy.named_parameters():
+            if not p.requires_grad:
+                assert torch.equal(p.detach(), before[n]), n
+        adapters = _adapters(tr)
+        sd = tr.full_state_dict(torch.bfloat16)
+        tr.export_hf(tmp_path / "v3", torch.bfloat16)
+    assert all(torch.isfinite(torch.tensor(x)) for x in losses)
+    assert any(a.abs().sum() > 0 for n, a in adapters.items() if ".lora_B." in n), "B left its zeros"
+    base = load_file(str(tiny_model_path / "model.safetensors"))
+    published = load_file(str(tmp_path / "v3" / "model.safetensors"))
+    assert set(published) == set(sd) == set(base)
+    for key, w in base.items():
+        prefix = key.removesuffix(".weight")
+        a = adapters.get(f"{prefix}.lora_A.default.weight")
+        w16 = w.to(torch.bfloat16).float()  # the base as the trainer holds it
+        expected = (w16 if a is None else w16 + adapters[f"{prefix}.lora_B.default.weight"] @ a * (12.0 / 4))
+        assert published[key].dtype == sd[key].dtype == torch.bfloat16, key
+        torch.testing.assert_close(published[key], expected.to(torch.bfloat16), rtol=0, atol=0)
+        torch.testing.assert_close(sd[key], expected.to(torch.bfloat16), rtol=0, atol=0)
