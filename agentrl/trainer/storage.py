@@ -228,6 +228,10 @@ def full_state_dict(model: ScoredLM, dtype: torch.dtype | None = None) -> dict[s
     raw = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     sd = {k.removeprefix("lm."): v for k, v in raw.items() if isinstance(v, torch.Tensor)}
     del raw
+    lm = model.lm
+    if getattr(lm.config.get_text_config(), "tie_word_embeddings", False):
+        for key in getattr(lm, "_tied_weights_keys", None) or ():  # base-model names (LoRA never targets the head)
+            sd.pop(key, None)
     if model.lora is not None and sd:
         from agentrl.trainer.lora import merge_lora
 
@@ -236,11 +240,6 @@ def full_state_dict(model: ScoredLM, dtype: torch.dtype | None = None) -> dict[s
         for k, v in sd.items():  # replacing values of existing keys while iterating is allowed
             if v.is_floating_point():
                 sd[k] = v.to(dtype)
-    lm = model.lm
-    if getattr(lm.config.get_text_config(), "tie_word_embeddings", False):
-        tied = getattr(lm, "_tied_weights_keys", None) or ()
-        for key in tied:
-            sd.pop(key, None)
     return sd
 
 
