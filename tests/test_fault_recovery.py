@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.redis]  # the run starts its own of each
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.redis]  # own Redis; the SGLang-kill test its own server
 
 
 def _lines(path: Path) -> list[dict]:
@@ -27,7 +27,11 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _smoke_run(tmp_path: Path, *extra: str) -> tuple[Path, subprocess.Popen]:
+def _smoke_run(tmp_path: Path, *extra: str, server: str | None = None) -> tuple[Path, subprocess.Popen]:
+    """``agentrl demo --smoke``, 4 steps; on the session's SGLang server (``engine.url``: no server start-up, ~40 s
+    a run) when ``server`` is given, else on a server of its own (the test that kills it)."""
+    if server is not None:
+        extra = (f"engine.url={server}", "engine.dtype=float32", *extra)  # the session's server serves fp32
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "demo", "--smoke", f"runs_dir={tmp_path}", "name=faulty",
          "sft.enabled=false", "steps=4", "rollout.max_staleness=1", "monitor.live=false", *extra],
@@ -62,8 +66,8 @@ def _assert_complete(run: Path) -> dict:
     return summary
 
 
-def test_trainer_killed_mid_run_is_restarted_and_the_books_balance(tmp_path: Path):
-    run, proc = _smoke_run(tmp_path)
+def test_trainer_killed_mid_run_is_restarted_and_the_books_balance(tmp_path: Path, shared_server: str):
+    run, proc = _smoke_run(tmp_path, server=shared_server)
     try:
         _wait_for_first_step(run, proc)
         pid = int((run / "logs" / "trainer-0.pid").read_text())
@@ -131,11 +135,11 @@ class _Redis7:
             self.proc.wait(10)
 
 
-def test_external_redis_killed_mid_run_and_restarted_from_its_aof_is_ridden_out(tmp_path: Path):
+def test_external_redis_killed_mid_run_and_restarted_from_its_aof_is_ridden_out(tmp_path: Path, shared_server: str):
     redis = _Redis7(tmp_path)
     redis.start()
     try:
-        run, proc = _smoke_run(tmp_path, f"redis.url={redis.url}")
+        run, proc = _smoke_run(tmp_path, f"redis.url={redis.url}", server=shared_server)
         try:
             _wait_for_first_step(run, proc)
             redis.kill()  # SIGKILL: no shutdown save, only what the AOF holds
@@ -150,8 +154,9 @@ def test_external_redis_killed_mid_run_and_restarted_from_its_aof_is_ridden_out(
         redis.kill()
 
 
-def test_rollout_process_killed_mid_run_stops_with_a_clear_error_and_resume_finishes_it(tmp_path: Path):
-    run, proc = _smoke_run(tmp_path)
+def test_rollout_process_killed_mid_run_stops_with_a_clear_error_and_resume_finishes_it(tmp_path: Path,
+                                                                                       shared_server: str):
+    run, proc = _smoke_run(tmp_path, server=shared_server)
     try:
         _wait_for_first_step(run, proc)
         os.kill(int((run / "logs" / "rollout.pid").read_text()), signal.SIGKILL)
@@ -163,7 +168,7 @@ def test_rollout_process_killed_mid_run_stops_with_a_clear_error_and_resume_fini
     assert "the rollout process died" in out and "--resume" in out, out[-3000:]
     assert not (run / "summary.json").exists()
     steps_before = [m["step"] for m in _lines(run / "metrics.jsonl")]
-    resumed, proc = _smoke_run(tmp_path, "--resume")
+    resumed, proc = _smoke_run(tmp_path, "--resume", server=shared_server)
     _finish(proc)
     summary = _assert_complete(run)
     assert summary["resumed_from_step"] is not None and steps_before[0] == 1
