@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -130,7 +130,7 @@ class ScoredLM(nn.Module):
     def adapters_disabled(self) -> AbstractContextManager[None]:
         """Inside: the base model's outputs, LoRA adapters off (peft's ``disable_adapter``); a no-op without LoRA."""
         peft: PeftModel | None = self.__dict__["_peft"]
-        return peft.disable_adapter() if peft is not None else nullcontext()
+        return _adapters_off(self, peft) if peft is not None else nullcontext()
 
     def _score(
         self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
@@ -244,6 +244,20 @@ def build_policy(
         fully_shard(layer, mesh=info.mesh, mp_policy=policy)
     fully_shard(wrapper, mesh=info.mesh, mp_policy=policy)
     return wrapper, ac
+
+
+@contextmanager
+def _adapters_off(model: nn.Module, peft: PeftModel) -> Iterator[None]:
+    """peft's ``disable_adapter()``, but the adapters stay trainable inside. peft also clears their
+    ``requires_grad`` there, and FSDP2 fixes each unit's dtypes at its first forward from the parameters trainable
+    then: if that forward is a reference pass (the KL term's, adapters off) with a bf16 base beside fp32 adapters, it
+    sees two dtypes and no trainable one, keeps none, and the first backward fails to store bf16 gradients in the fp32
+    adapters. Reference passes run without gradients, so leaving the flag on changes nothing else."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    with peft.disable_adapter():
+        for p in trainable:
+            p.requires_grad_(True)
+        yield
 
 
 def lr_lambda(warmup: int, schedule: str, total: int | None, min_ratio: float) -> Callable[[int], float]:

@@ -179,9 +179,11 @@ def test_merge_lora_consumes_its_input_and_casts_when_asked() -> None:
 
 def test_lora_in_bf16_keeps_a_bf16_base_and_fp32_adapters(tiny_config, tiny_model_path: Path, tmp_path: Path) -> None:
     """Computing in bf16, the frozen base needs no fp32 copy (half its RAM): only the adapters (what the optimiser
-    updates) stay fp32. It trains, the base does not move, and the published weights are the bf16 base + B A s."""
+    updates) stay fp32. It trains (also when a reference pass with the adapters off comes first), the base does not
+    move, and the published weights are the bf16 base + B A s."""
     batch = random_batch(3, n=6)
-    with Trainer(tiny_config(lr=1e-2, lora=LORA, dtype="bf16")) as tr:
+    # with a KL term the first forward is the reference pass (adapters off): FSDP2 fixes its dtypes there
+    with Trainer(tiny_config(lr=1e-2, lora=LORA, dtype="bf16", loss={"kl_coef": 0.05})) as tr:
         dtypes = {n: p.dtype for n, p in tr._policy.named_parameters()}
         assert {d for n, d in dtypes.items() if ".lora_" in n} == {torch.float32}
         assert {d for n, d in dtypes.items() if ".lora_" not in n} == {torch.bfloat16}
