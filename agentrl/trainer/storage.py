@@ -235,7 +235,8 @@ def full_state_dict(model: ScoredLM, dtype: torch.dtype | None = None) -> dict[s
     if model.lora is not None and sd:
         from agentrl.trainer.lora import merge_lora
 
-        sd = merge_lora(sd, model.lora.scaling, dtype, consume=True)
+        # no dtype: the trainer's own precision, fp32, as a full fine-tuning's weights (a bf16 base's merge too)
+        sd = merge_lora(sd, model.lora.scaling, dtype or torch.float32, consume=True)
     elif dtype is not None:
         for k, v in sd.items():  # replacing values of existing keys while iterating is allowed
             if v.is_floating_point():
