@@ -73,7 +73,7 @@ def sglang_url(sglang_server: Any) -> str:
 @pytest.fixture(scope="module")
 def shared_server(sglang_url: str, tiny_model_path: Path) -> Iterator[str]:
     """The session's SGLang server for whole training runs (``engine.url``): they load their own weights into it,
-    so the base weights are put back after the module."""
+    so the base weights are put back (and any pause lifted) after the module."""
     yield sglang_url
     import asyncio
 
@@ -81,6 +81,7 @@ def shared_server(sglang_url: str, tiny_model_path: Path) -> Iterator[str]:
 
     async def restore() -> None:
         async with SGLangClient(sglang_url) as client:
+            await client.resume()  # a run killed mid-pause (a fault test) must not leave it paused for the next
             await client.update_weights(str(tiny_model_path), 0)
 
     asyncio.run(restore())

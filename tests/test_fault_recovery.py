@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.redis]  # own Redis; the SGLang- and rollout-kill tests own servers
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.redis]  # own Redis; the SGLang-kill test its own server
 
 
 def _lines(path: Path) -> list[dict]:
@@ -154,10 +154,12 @@ def test_external_redis_killed_mid_run_and_restarted_from_its_aof_is_ridden_out(
         redis.kill()
 
 
-def test_rollout_process_killed_mid_run_stops_with_a_clear_error_and_resume_finishes_it(tmp_path: Path):
-    # its own server: a rollout process killed between pausing the server for a weight load and resuming it leaves
-    # the server paused (a shared one then stopped answering /health in a full-suite run)
-    run, proc = _smoke_run(tmp_path)
+def test_rollout_process_killed_mid_run_stops_with_a_clear_error_and_resume_finishes_it(tmp_path: Path,
+                                                                                       shared_server: str):
+    # on the shared server (engine.url): a rollout process killed between pausing it for a weight load and resuming
+    # leaves it paused; the resumed run's pool clears that as it attaches (EnginePool._clear_stale_pause), and the
+    # next tests find the server answering
+    run, proc = _smoke_run(tmp_path, server=shared_server)
     try:
         _wait_for_first_step(run, proc)
         os.kill(int((run / "logs" / "rollout.pid").read_text()), signal.SIGKILL)
@@ -169,7 +171,7 @@ def test_rollout_process_killed_mid_run_stops_with_a_clear_error_and_resume_fini
     assert "the rollout process died" in out and "--resume" in out, out[-3000:]
     assert not (run / "summary.json").exists()
     steps_before = [m["step"] for m in _lines(run / "metrics.jsonl")]
-    resumed, proc = _smoke_run(tmp_path, "--resume")
+    resumed, proc = _smoke_run(tmp_path, "--resume", server=shared_server)
     _finish(proc)
     summary = _assert_complete(run)
     assert summary["resumed_from_step"] is not None and steps_before[0] == 1

@@ -2,6 +2,8 @@
 
     generate(ids, sticky_key=k) ──► the server k was first sent to (least busy at that moment), while it is up
     load_weights(source) / update_weights / pause / resume / set_weight_version ──► every server that is up
+    start ──► every server agentrl did not start is told ``/continue_generation`` once (a pause an owner killed
+              mid-pause left behind would make it look hung: SGLang's ``/health`` waits while paused)
     health loop ──► a server whose process died, or that failed ``failures_to_down`` checks in a row, is taken
                     out; if agentrl started it, it is restarted on the same port, loads the CURRENT weights
                     (from the last weight source: a folder, a broadcast, or the start-up weights under a
@@ -270,6 +272,7 @@ class EnginePool:
             self._spawn(self._check(member))
 
     async def _health_loop(self) -> None:
+        await self._clear_stale_pause()
         while True:
             await asyncio.gather(*(self._check(m) for m in self._members))
             if self._router is not None and not self._router_up and await self._router.health(
@@ -277,6 +280,22 @@ class EnginePool:
                 self._router_up = True
                 logger.info("sglang-router %s answers again; generation goes through it", self._router.url)
             await asyncio.sleep(self.config.health_interval_s)
+
+    async def _clear_stale_pause(self) -> None:
+        """``/continue_generation`` once on every server this pool did not start, as it attaches. Such a server may
+        have been left paused by an earlier owner killed between pause and resume (a rollout process of this run,
+        before ``--resume``): SGLang's ``/health`` generates a token and so waits while paused, and the pool would
+        take a healthy server for a hung one while every request waits on it. On a server that is not paused it
+        does nothing. A pool is the one controller of its servers (a second one pausing them would fight it
+        anyway), so nothing else's pause is undone."""
+        async with self._lock:
+            if self._paused is not None:
+                return
+            attached = [m for m in self._members if m.server is None]
+            results = await asyncio.gather(*(m.client.resume() for m in attached), return_exceptions=True)
+        for m, r in zip(attached, results):
+            if isinstance(r, BaseException):  # not answering: the health checks deal with it
+                logger.warning("could not clear a pause left on %s: %s", m.url, r)
 
     async def _check(self, member: _Member) -> None:
         if member.state in (MemberState.RESTARTING, MemberState.FAILED):

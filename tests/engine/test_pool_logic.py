@@ -310,3 +310,27 @@ async def test_a_server_nobody_listens_on_is_taken_out_without_waiting_for_the_h
         pool._members[0].client.server = FakeServer("http://s0", up=False)  # connection refused from now on
         await _until(lambda: pool.stats()[0].state == MemberState.DOWN.value, 2.0)
         assert pool.stats()[0].state == MemberState.DOWN.value and pool.stats()[1].state == MemberState.UP.value
+
+
+async def test_attaching_clears_a_pause_an_earlier_owner_left_on_servers_it_did_not_start():
+    pool, _, clients = make_pool(2, managed=False)
+    for c in clients.values():
+        c.paused = "in_place"  # an earlier rollout process paused them and was killed before resuming
+    pool.start()
+    await wait_until(lambda: all(c.paused is None for c in clients.values()))
+    assert all(c.calls.count(("resume",)) == 1 for c in clients.values())
+    await pool.aclose()
+
+
+async def test_attaching_leaves_started_servers_and_the_pools_own_pause_alone():
+    managed, _, managed_clients = make_pool(1)
+    async with managed:
+        await asyncio.sleep(0.1)  # a few health ticks
+    assert ("resume",) not in managed_clients["http://s0"].calls  # a process agentrl started is fresh
+
+    pool, _, clients = make_pool(1, managed=False)
+    await pool.pause("retract")  # the pool's own pause, before its health loop starts, is not undone
+    pool.start()
+    await asyncio.sleep(0.1)
+    assert clients["http://s0"].paused == "retract" and ("resume",) not in clients["http://s0"].calls
+    await pool.aclose()

@@ -55,6 +55,22 @@ async def test_control_calls_fan_out_and_generation_works(sglang_url, tiny_model
         assert pool.route_of("k") == sglang_url
 
 
+async def test_a_pool_attaching_to_a_server_an_earlier_owner_left_paused_resumes_it(sglang_url):
+    # an owner (a rollout process killed between pause and resume) pauses the server and is gone
+    async with SGLangClient(sglang_url) as owner:
+        await owner.pause("in_place")
+    try:
+        async with EnginePool([sglang_url]) as pool:  # a new owner attaching, as a resumed run's rollout process
+            async with asyncio.timeout(120):  # a hang guard, not a timing: paused, this request never returns
+                out = await pool.generate([5, 6, 7], SamplingParams(max_new_tokens=2, ignore_eos=True))
+            assert len(out.output_ids) == 2
+            async with SGLangClient(sglang_url) as probe:
+                assert await probe.health(30)  # /health generates a token: answers only when not paused
+    finally:
+        async with SGLangClient(sglang_url) as cleanup:
+            await cleanup.resume()  # the session's server serves the next tests either way
+
+
 def _servers_of(trajectory, clients: list[RecordingClient]) -> set[str]:
     """The servers that received the later turns of ``trajectory`` (a turn's request is the prefix before it;
     the first turn's is the bare prompt, which a retried group sends again, so it does not identify a server)."""
