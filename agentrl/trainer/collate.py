@@ -25,7 +25,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from torch import Tensor
 from agentrl.trainer.base import TokenTrace
 from agentrl.trainer.config import LossAgg, LossConfig
 from agentrl.trainer.objectives import aggregation_weights, group_advantages
+from agentrl.trainer.prefix_attention import PrefixAttention
 from agentrl.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class MicroBatch:
     weights: Tensor
     seq_index: Tensor  # [N] sample index in the prepared batch (-1 in dummy micro-batches)
     num_tokens: int  # real (non-padding) tokens
+    prefix_attention: PrefixAttention | None = None  # shared_prefix: the units, for attention that skips the mask
 
     @property
     def is_dummy(self) -> bool:
@@ -293,7 +295,7 @@ class ScoredTokens:
                            ("seq_index", torch.full((n,), s.index, dtype=torch.long))):
             self._parts[key].append(value)
 
-    def tensors(self) -> dict[str, Tensor]:
+    def tensors(self) -> dict[str, Any]:  # MicroBatch keyword arguments
         return {k: torch.cat(v) for k, v in self._parts.items()}
 
 

@@ -362,6 +362,8 @@ class Trainer:
         moved: dict[str, Any] = {
             f.name: v.to(dev) for f in fields(mb) if isinstance(v := getattr(mb, f.name), Tensor)
         }
+        if mb.prefix_attention is not None:
+            moved["prefix_attention"] = mb.prefix_attention.to(dev)
         return replace(mb, **moved)
 
     def _forward(
@@ -379,6 +381,7 @@ class Trainer:
             mb.targets,
             self.config.loss.temperature,
             entropy,
+            mb.prefix_attention,
         )
 
     @torch.no_grad()

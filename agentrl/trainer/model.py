@@ -32,8 +32,10 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.errors import ConfigError, TrainerError
+from agentrl.trainer import prefix_attention
 from agentrl.trainer.config import LoraConfig, OptimizerConfig
 from agentrl.trainer.objectives import entropy_from_logits, token_logprobs
+from agentrl.trainer.prefix_attention import PrefixAttention
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -108,9 +110,11 @@ class ScoredLM(nn.Module):
         targets: Tensor,
         temperature: float = 1.0,
         entropy: EntropyMode = "none",
+        prefix_attention: PrefixAttention | None = None,
     ) -> tuple[Tensor, Tensor | None]:
+        extra = {} if prefix_attention is None else {"prefix_attention": prefix_attention}
         out = self.lm.get_decoder()(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False, **extra
         )
         hidden = out.last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, score_index)
@@ -185,7 +189,9 @@ def load_lm(path: Path) -> PreTrainedModel:
             f"model folder {path} has no config.json: expected a local Hugging Face folder "
             "(resolve named models such as 'tiny' with agentrl.models.resolve_model first)"
         )
-    lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
+    prefix_attention.register()
+    lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                              attn_implementation=prefix_attention.ATTENTION)
     lm.config.use_cache = False
     return lm
 

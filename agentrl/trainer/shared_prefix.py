@@ -12,9 +12,10 @@ logprobs and gradients equal the other layouts' to round-off (tested). The share
 before its first scored token; its last position predicts each response's first token, so several scored entries
 may point at that one position (the LM head runs once per entry, gradients add up).
 
-The mask is 4D (``[rows, 1, T, T]`` bool, True = attend), passed to SDPA as is by Hugging Face. Attention then
-costs ``T²`` per row instead of ``Σ L_i²``; for rows of a few hundred tokens the linear layers, which see each
-prompt token once instead of n times, dominate. Rows pack whole units (a prefix and its continuations) first-fit
+The trainer's models attend through :mod:`agentrl.trainer.prefix_attention`, which computes each unit's prefix and
+continuations apart (``Σ P² / 2 + Σ S·(P + S)`` scores instead of a row's ``T²``). Every micro-batch also carries
+the equivalent 4D mask (``[rows, 1, T, T]`` bool, True = attend), which Hugging Face's SDPA uses where that
+attention does not apply (attention with softcapping, sinks, a short sliding window, dropout). Rows pack whole units (a prefix and its continuations) first-fit
 decreasing up to the longest unit; ranks get whole units, balanced by tokens (the planners of
 :mod:`agentrl.trainer.collate`).
 """
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from agentrl.trainer.collate import MicroBatch, ScoredTokens, SeqSample, assign_ranks, pack_rows
+from agentrl.trainer.prefix_attention import PrefixAttention
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +72,12 @@ def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> Mi
     branch = torch.zeros((n_rows, width), dtype=torch.long)
     scored = ScoredTokens()
     real = 0
+    units: list[tuple[int, int, list[int]]] = []  # (flat start, prefix length, continuation lengths)
     for r, row in enumerate(rows):
         off = 0
         for k, unit in enumerate(row):
             p = unit.prefix_len
+            units.append((r * width + off, p, [s.length - p for s in unit.samples]))
             ids[r, off : off + p] = unit.samples[0].input_ids[:p]
             pos[r, off : off + p] = torch.arange(p)
             seg[r, off : off + p] = k
@@ -99,6 +103,7 @@ def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> Mi
         position_ids=pos,
         attention_mask=mask,
         num_tokens=real,
+        prefix_attention=PrefixAttention.from_units(units) if units else None,
         **scored.tensors(),
     )
 

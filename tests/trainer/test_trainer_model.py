@@ -12,12 +12,12 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.trainer import LossConfig, Trainer
 from agentrl.trainer.collate import plan_micro_batches, prepare_rl
-from agentrl.trainer.model import ScoredLM, activation_bytes_per_token
+from agentrl.trainer.model import ScoredLM, activation_bytes_per_token, load_lm
 
 
 @pytest.fixture(scope="module")
 def tiny_lm(tiny_model_path: Path):
-    return AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32, attn_implementation="sdpa")
+    return load_lm(tiny_model_path)  # the trainer's attention: shared-prefix units computed apart
 
 
 def _all_positions(lm, batch, samples, temperature: float) -> tuple[dict[tuple[int, int], torch.Tensor], torch.Tensor]:
@@ -55,7 +55,7 @@ def test_scored_positions_only_equal_the_all_positions_path(tiny_lm, layout: str
     loss, got = torch.zeros(()), {}
     for mb in mbs:
         logp, ent = scored(mb.input_ids, mb.position_ids, mb.attention_mask, mb.score_index, mb.targets,
-                           temperature, "grad")
+                           temperature, "grad", mb.prefix_attention)
         assert ent is not None
         loss = loss + ((mb.seq_index + 1) * logp).sum() + ent.sum()
         width = mb.input_ids.shape[1]
