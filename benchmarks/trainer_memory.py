@@ -7,7 +7,8 @@ first large free) the heap may fragment as the tensors' sizes change. ``trainer.
 growth (6.4 GB after SFT, 8.0 GB 30 RL steps later) was a leak, fixed since. This benchmark runs ``--steps`` RL
 steps of the demo's shape (``--groups`` x ``--group-size``
 trajectories of 1-3 turns, a new random shape each step, the same sequence for every configuration) in one
-process per configuration: ``--thresholds`` (KiB; 0 is glibc's default), the processes run side by side (one
+process per configuration: ``--thresholds`` (KiB, 0 is glibc's default; or ``never``, the default: no block is
+mapped, freed memory is reused), the processes run side by side (one
 thread each, so the two cores carry one each and load hits both alike) and each reports its ``VmHWM`` after the
 first step and after the last, the tensors it holds after the last (``live_tensor_gb``: a leak grows it, an
 allocator does not) and its median process CPU time a step.
@@ -15,7 +16,7 @@ allocator does not) and its median process CPU time a step.
 The demo's trainer settings: ``shared_prefix`` layout, KL 0.05 (a reference model beside the policy),
 1,024-token micro-batches, ``dtype`` auto (bf16 where the CPU multiplies it fast), SmolLM2-135M.
 
-Usage: ``python benchmarks/trainer_memory.py [--steps 10] [--thresholds 0 1024] [--quick]``. Last line:
+Usage: ``python benchmarks/trainer_memory.py [--steps 10] [--thresholds 1024 never] [--dtype fp32] [--quick]``. Last line:
 ``peak_rss_gb_<kib>=… first_step_rss_gb_<kib>=… growth_gb_<kib>=… live_tensor_gb_<kib>=… cpu_s_<kib>=… … peak_ratio=… cpu_ratio=…``
 (each threshold's figures; the ratios: the last threshold's over the first's) and the environment
 (benchmarks/_common.py).
@@ -112,6 +113,10 @@ def worker(args: argparse.Namespace) -> None:
                       "maxrss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}))
 
 
+def _setting(text: str) -> int | str:
+    return text if text == "never" else int(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -119,9 +124,10 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=6)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
-    ap.add_argument("--thresholds", type=int, nargs="+", default=[0, 1024])
+    ap.add_argument("--thresholds", type=_setting, nargs="+", default=[1024, "never"],
+                    help="trainer.mmap_threshold_kb values: KiB (0: glibc's default) or never")
     ap.add_argument("--quick", action="store_true", help="the tiny model, 3 steps of 2 x 2: checks the script runs")
-    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", type=_setting, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.model, args.steps, args.groups, args.group_size = "tiny", 3, 2, 2
@@ -133,7 +139,7 @@ def main() -> None:
             str(args.groups), "--group-size", str(args.group_size), "--dtype", args.dtype]
     procs = {kib: subprocess.Popen([*base, "--worker", str(kib)], stdout=subprocess.PIPE, text=True)
              for kib in args.thresholds}
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int | str, dict[str, Any]] = {}
     for kib, p in procs.items():
         out, _ = p.communicate(timeout=7200)
         if p.returncode != 0:
@@ -141,7 +147,7 @@ def main() -> None:
         results[kib] = json.loads(out.strip().splitlines()[-1])
     figures: dict[str, Any] = {}
     for kib, r in results.items():
-        print(f"mmap_threshold_kb {kib:>6}: VmHWM after each step GB {[round(x, 2) for x in r['hwm']]}; "
+        print(f"mmap_threshold_kb {kib!s:>6}: VmHWM after each step GB {[round(x, 2) for x in r['hwm']]}; "
               f"live tensors GB {[round(x, 2) for x in r['live']]}; CPU s {[round(x, 1) for x in r['cpu']]} "
               f"({r['dtype']})")
         figures.update({f"peak_rss_gb_{kib}": r["hwm"][-1], f"first_step_rss_gb_{kib}": r["hwm"][0],

@@ -30,22 +30,40 @@ PROBE = textwrap.dedent(
         libc.free(p)
         return got
 
-    fixed = set_mmap_threshold(int(sys.argv[1]))
+    from agentrl.heap import configure
+    fixed = configure(sys.argv[1] if sys.argv[1] == "never" else int(sys.argv[1]))
     libc.free(libc.malloc(20 << 20))  # a 20 MiB mapped block freed: glibc's default raises its threshold to 20 MiB
-    print(fixed, mapped(2 << 20), mapped(512 << 10))
+    print(fixed, mapped(2 << 20), mapped(512 << 10), mapped(256 << 20))
     """
 )
 
 
-def _probe(kib: int) -> list[str]:
+def _probe(kib: int | str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", PROBE, str(kib)], capture_output=True, text=True, timeout=60, check=True)
     return out.stdout.split()
 
 
 def test_fixed_threshold_maps_what_the_rising_default_keeps_in_the_heap() -> None:
     # glibc's default: after a large block is freed, a 2 MiB tensor comes from the heap (and fragments it)
-    assert _probe(0) == ["False", "0", "0"]
-    assert _probe(1024) == ["True", "1", "0"]  # fixed at 1 MiB: 2 MiB mapped, 512 KiB from the heap
+    assert _probe(0) == ["False", "0", "0", "1"]  # above glibc's 32 MiB ceiling a block is always mapped
+    assert _probe(1024) == ["True", "1", "0", "1"]  # fixed at 1 MiB: 2 MiB mapped, 512 KiB from the heap
+
+
+def test_never_map_serves_every_block_from_the_heap() -> None:
+    """The trainer's default: even a 256 MiB block comes from the heap, so freeing it keeps its pages for reuse."""
+    assert _probe("never") == ["True", "0", "0", "0"]
+
+
+def test_the_trainer_setting_accepts_never_or_a_threshold() -> None:
+    from pydantic import ValidationError
+
+    from agentrl.trainer import TrainerConfig
+
+    assert TrainerConfig(model="m").mmap_threshold_kb == "never"
+    assert TrainerConfig(model="m", mmap_threshold_kb=1024).mmap_threshold_kb == 1024
+    for bad in ("nevr", -1, 65536):
+        with pytest.raises(ValidationError, match="mmap_threshold_kb"):
+            TrainerConfig(model="m", mmap_threshold_kb=bad)
 
 
 def test_threshold_above_glibc_limit_is_refused() -> None:

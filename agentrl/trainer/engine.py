@@ -25,9 +25,9 @@ from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from agentrl import heap
 from agentrl.errors import TrainerError
 from agentrl.hardware import resolve_dtype
-from agentrl.heap import set_mmap_threshold
 from agentrl.trainer import storage
 from agentrl.trainer.base import SFTMetrics, StepMetrics, TokenTrace
 from agentrl.trainer.collate import (
@@ -96,7 +96,7 @@ class Trainer:
         self.before_micro_batch: Callable[[], None] | None = None
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        set_mmap_threshold(config.mmap_threshold_kb)  # process-wide, before any model is allocated
+        heap.configure(config.mmap_threshold_kb)  # process-wide, before any model is allocated
         torch.manual_seed(config.seed)
         self._dist: DistInfo = init_distributed(config.device)
         self._source = Path(config.model)
