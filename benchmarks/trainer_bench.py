@@ -35,7 +35,8 @@ of the decoder; the reference is then the policy with its adapters off, no secon
 passes, not 3, for a step's forward and backward (the frozen base gets no weight gradients: forward + input
 gradients; the adapters' own FLOPs are left out).
 
-Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 7] [--threads 1]
+Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 7] [--threads 1] [--shape demo
+--layout shared_prefix --kl-coef 0.05] (the demo's step; its micro-batches of 1,024 tokens are then the default)
 [--quick] [--lora [--lora-r 16]]``. Last line: ``trainer_vs_minimal_ratio=… trainer_vs_minimal_ratio_range=… rounds=…
 trainer_vs_minimal_cpu_ratio=… minimal_tokens_per_s=… trainer_tokens_per_s=… trainer_step_s=…
 trainer_peak_rss_gb=… trainer_mfu=… trainer_cpu_s=… lora=0|1 … cpu=… cores=… dtype=fp32 commit=… torch=… transformers=…``
@@ -249,7 +250,8 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--layout", default="packed")
     ap.add_argument("--kl-coef", type=float, default=0.0)
-    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
+    ap.add_argument("--micro-batch-tokens", type=int, default=None,
+                    help="default: 1024 with --shape demo (the demo recipe's), else 16384")
     ap.add_argument("--logits-chunk-tokens", type=int, default=None)
     ap.add_argument("--activation-checkpointing", default="auto")  # the trainer's default
     ap.add_argument("--no-minimal", action="store_true")
@@ -260,6 +262,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.model, args.batch, args.rounds = "tiny", 4, 2
+    if args.micro_batch_tokens is None:  # --shape demo times the demo's step: its recipe's micro-batches
+        args.micro_batch_tokens = 1024 if args.shape == "demo" else 16384
     env = environment(dtype="fp32", packages=("torch", "transformers"))
     torch.set_num_threads(args.threads)
     path = str(resolve_model(args.model))
