@@ -37,7 +37,8 @@ gradients; the adapters' own FLOPs are left out).
 
 Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 7] [--threads 1]
 [--shape demo --layout shared_prefix --kl-coef 0.05] [--quick] [--lora [--lora-r 16]]`` (``--shape demo``: the
-demo's step, with its recipe's 1,024-token micro-batches unless ``--micro-batch-tokens`` says otherwise). Last line: ``trainer_vs_minimal_ratio=… trainer_vs_minimal_ratio_range=… rounds=…
+demo's step, with its recipe's 1,024-token micro-batches unless ``--micro-batch-tokens`` says otherwise).
+Last line: ``trainer_vs_minimal_ratio=… trainer_vs_minimal_ratio_range=… rounds=…
 trainer_vs_minimal_cpu_ratio=… minimal_tokens_per_s=… trainer_tokens_per_s=… trainer_step_s=…
 trainer_peak_rss_gb=… trainer_mfu=… trainer_cpu_s=… lora=0|1 … cpu=… cores=… dtype=fp32 commit=… torch=… transformers=…``
 (benchmarks/_common.py).
