@@ -4,14 +4,15 @@ A shared-prefix row (:mod:`agentrl.trainer.shared_prefix`) holds units ``P S1 S2
 lets a token of ``Si`` see ``P`` and the earlier tokens of ``Si``, and nothing else. Scaled dot-product attention
 with that mask still computes every ``T x T`` score of the row and throws most away: in the demo (rows of 1,024
 tokens holding two units of a ~90-token prompt and eight ~55-token responses) less than a tenth of them count, and
-the masked call took as long as a causal one over the whole row — a third of a decoder layer's forward and backward
-on the CPU. Here each unit is computed as what it is:
+the masked call took as long as a causal one over the whole row (~11 % of the demo's fp32 RL step on an AVX2 core).
+Here each unit is computed as what it is:
 
     prefixes:       [U, heads, Pmax, d]  causal (keys past a prefix's length masked)
     continuations:  [C, heads, Smax, d]  against [its unit's prefix ; itself], causal in the second part
 
 so a row of two units costs ``Σ P² / 2 + Σ S·(P + S)`` scores instead of ``T²`` (~5x fewer attention FLOPs in the
-demo; measured on one AVX2 core: 37 ms instead of 198 ms for a layer's forward and backward of such a row). Each
+demo; on one AVX2 core 37 ms instead of 198 ms for a layer's forward and backward of such a row in isolation, 4.3 s
+instead of 10.7 s of attention in a whole demo step, docs/results.md). Each
 output equals the masked call's to round-off: same queries, same visible keys, same softmax (tested against it).
 
 It runs as a Hugging Face attention function (:data:`ATTENTION`, registered by :mod:`agentrl.trainer.model`):
