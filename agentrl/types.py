@@ -96,7 +96,7 @@ class Turn(NamedTuple):
     tuples rather than dataclasses: a trainer decodes thousands per second, and a tuple is built ~5x faster.)
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(): the field is part of the trajectory format
     text: str
     token_start: int
     token_end: int

@@ -224,8 +224,9 @@ def branch_trajectories(branches: Sequence[Branch], tok: ChatTokenizer, *, keep:
             continue
         out.append(Trajectory(
             trajectory_id=f"{trajectory_id}-{b.index}" if len(branches) > 1 else trajectory_id,
-            prompt_id=task.id, group_id=group_id, token_ids=b.token_ids, prompt_len=b.prompt_len, loss_mask=mask,
-            behavior_logprobs=b.logprobs, weight_versions=b.weight_versions, reward=reward,
+            # lists: Trajectory freezes its arrays from any sequence (types._readonly_array)
+            prompt_id=task.id, group_id=group_id, token_ids=b.token_ids, prompt_len=b.prompt_len, loss_mask=mask,  # type: ignore[arg-type]
+            behavior_logprobs=b.logprobs, weight_versions=b.weight_versions, reward=reward,  # type: ignore[arg-type]
             finish_reason=finish if b.index == last else _finish(b), reward_breakdown=breakdown,
             turns=_turns(b, tok), env=env,
             metadata={**metadata, "branch": b.index, "parent": b.parent, "fork_at": b.fork_at,

@@ -95,8 +95,9 @@ class EpisodeRunner:
         breakdown = result.details.get("breakdown") or {env_name or env.name or "reward": result.score}
         return Trajectory(
             trajectory_id=tid, prompt_id=task.id, group_id=group_id or task.id,
-            token_ids=st.token_ids, prompt_len=st.prompt_len, loss_mask=st.loss_mask,
-            behavior_logprobs=st.logprobs, weight_versions=st.versions,
+            # lists: Trajectory freezes its arrays from any sequence (types._readonly_array)
+            token_ids=st.token_ids, prompt_len=st.prompt_len, loss_mask=st.loss_mask,  # type: ignore[arg-type]
+            behavior_logprobs=st.logprobs, weight_versions=st.versions,  # type: ignore[arg-type]
             reward=result.score, finish_reason=st.finish,
             reward_breakdown={k: float(v) for k, v in breakdown.items()}, turns=tuple(st.turns), env=env_name,
             metadata={"answer": task.answer},

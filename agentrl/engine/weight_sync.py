@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from agentrl.engine.base import EngineTimeout, EngineUnavailable
 from agentrl.engine.client import SGLangClient
 from agentrl.errors import EngineError
-from agentrl.weight_sync import TensorOffer, WeightOffer, WeightSyncError, host_id
+from agentrl.weight_sync import BucketMeta, TensorOffer, WeightOffer, WeightSyncError, host_id
 
 logger = logging.getLogger(__name__)
 
@@ -179,9 +179,13 @@ async def _receive(clients: Sequence[SGLangClient], offer: WeightOffer, timeout_
     outcome: Outcome = [None] * len(clients)
     for k, bucket in enumerate(offer.buckets):
         last = k == len(offer.buckets) - 1
-        outcome = await each(clients, lambda _, c, b=bucket, last=last: c.receive_weight_bucket(
-            group=offer.group, names=b.names, dtype=b.dtype, shapes=b.shapes,
-            version=offer.version if last else None, timeout_s=timeout_s))
+        version = offer.version if last else None
+
+        def receive(_: int, c: SGLangClient, b: BucketMeta = bucket, version: int | None = version) -> Awaitable[Any]:
+            return c.receive_weight_bucket(group=offer.group, names=b.names, dtype=b.dtype, shapes=b.shapes,
+                                           version=version, timeout_s=timeout_s)
+
+        outcome = await each(clients, receive)
         if _failed(outcome):
             break
     return outcome

@@ -18,7 +18,7 @@ from agentrl.env.base import Environment, Observation, StepResult, prompt_messag
 from agentrl.env.registry import EnvResources
 from agentrl.errors import ConfigError
 from agentrl.retool_format import format_interpreter
-from agentrl.rewards import FormatReward, MathReward, RewardInput, RewardResult, WeightedReward
+from agentrl.rewards import FormatReward, MathReward, RewardFn, RewardInput, RewardResult, WeightedReward
 from agentrl.types import Task, ToolCall, ToolResult
 
 CODE_OPEN, CODE_CLOSE = "<code>", "</code>"
@@ -117,7 +117,7 @@ class ReToolEnv(Environment):
         self.max_output_chars = max_output_chars
         self.system_prompt = system_prompt
         self.stateful = stateful
-        components = {"correct": (MathReward(resources.verifier), 1.0)}
+        components: dict[str, tuple[RewardFn, float]] = {"correct": (MathReward(resources.verifier), 1.0)}
         if format_weight:
             components["format"] = (FormatReward(), format_weight)
         self.reward = WeightedReward(components)

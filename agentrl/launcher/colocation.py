@@ -70,6 +70,8 @@ def choose_placement(cfg: RunConfig, available: Sequence[int] | None = None) -> 
         placement = r.placement
         reason = "as configured"
     world = r.trainer_world_size
+    engine_threads: int | None
+    trainer_threads: int | None
     if placement == "colocated":
         given = sorted(set(r.rollout_cores or []) | set(r.trainer_cores or []))
         shared = given or cores

@@ -110,7 +110,7 @@ class EngineSection(_Composed):
     HIDDEN = frozenset({"model_path"})
 
     url: str | None = None  # one URL, or several separated by commas (a pool of running servers)
-    num_servers: int = Field(1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
+    num_servers: int = Field(default=1, ge=1)  # servers to start (sticky routing, crash restart with weight resync)
     record_requests: bool = False  # debug: every generate call → runs/<name>/engine_requests.jsonl
     # an sglang-router in front of the servers: generation takes its policy's route (cache_aware: where the prefix
     # is cached), control goes to each server; off: the pool's own sticky routing (an episode on one server)
@@ -152,9 +152,9 @@ class DataSection(_Section):
     num_heldout: int = 0  # held-out problems evaluated before and after training (0: skip)
     # also evaluate them during RL each time the served weight version reaches a multiple of this (0: only before,
     # after SFT and after RL): summary.json's heldout_curve and time to accuracy (launcher/heldout_curve.py)
-    heldout_every: int = Field(0, ge=0)
-    prompt_key: str = Field("prompt", min_length=1)
-    answer_key: str | None = Field("answer", min_length=1)  # e.g. reward_model.ground_truth (verl's layout)
+    heldout_every: int = Field(default=0, ge=0)
+    prompt_key: str = Field(default="prompt", min_length=1)
+    answer_key: str | None = Field(default="answer", min_length=1)  # e.g. reward_model.ground_truth (verl's layout)
 
     @model_validator(mode="after")
     def _heldout_every_needs_heldout_problems(self) -> DataSection:
@@ -176,9 +176,9 @@ class RolloutSection(_Composed):
     budget: EpisodeBudget = EpisodeBudget(max_turns=4, max_response_tokens=512, max_context_tokens=2048)
     # skip prompts (or generated wordings) the policy has mastered: pass rate >= skip_solved_rate over their last
     # skip_solved_window groups; a skip_solved_keep fraction of them still runs, to recheck (0 = off)
-    skip_solved_window: int = Field(0, ge=0)
-    skip_solved_rate: float = Field(1.0, gt=0, le=1)
-    skip_solved_keep: float = Field(0.25, gt=0, le=1)
+    skip_solved_window: int = Field(default=0, ge=0)
+    skip_solved_rate: float = Field(default=1.0, gt=0, le=1)
+    skip_solved_keep: float = Field(default=0.25, gt=0, le=1)
 
 
 class SFTSection(_Section):
@@ -186,13 +186,13 @@ class SFTSection(_Section):
 
     enabled: bool = True
     data: str | None = None  # a dataset of conversations (messages_key) or {token_ids, loss_mask} rows (agentrl.data.sft)
-    messages_key: str = Field("messages", min_length=1)
-    max_tokens: int | None = Field(None, ge=2)  # longer traces are cut (and counted); null: rollout.max_context_tokens
+    messages_key: str = Field(default="messages", min_length=1)
+    max_tokens: int | None = Field(default=None, ge=2)  # longer traces are cut (and counted); null: rollout.max_context_tokens
     family: str = "sft"  # without `data`: generated arithmetic traces of this family
-    num_traces: int = Field(256, ge=1)
-    steps: int = Field(40, ge=0)
-    batch_size: int = Field(16, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    num_traces: int = Field(default=256, ge=1)
+    steps: int = Field(default=40, ge=0)
+    batch_size: int = Field(default=16, ge=1)
+    lr: float = Field(default=1e-3, gt=0)
 
 
 def borrowing_obstacle(r: ResourcesSection, *, trainer_on_gpu: bool = False, same_host: bool = True) -> str | None:
@@ -236,18 +236,18 @@ class ResourcesSection(_Section):
     placement: Literal["split", "colocated", "auto"] = "split"
     ray: bool = True
     ray_address: str | None = None
-    trainer_world_size: int = Field(1, ge=1)
-    trainer_num_cpus: float = Field(1.0, gt=0)
-    trainer_num_gpus: float = Field(0.0, ge=0)
+    trainer_world_size: int = Field(default=1, ge=1)
+    trainer_num_cpus: float = Field(default=1.0, gt=0)
+    trainer_num_gpus: float = Field(default=0.0, ge=0)
     trainer_resources: dict[str, float] = Field(default_factory=dict)  # per rank; {}: any node
-    rollout_num_cpus: float = Field(1.0, gt=0)
+    rollout_num_cpus: float = Field(default=1.0, gt=0)
     rollout_resources: dict[str, float] = Field(default_factory=dict)  # {}: any node
     rollout_cores: list[int] | None = None
     trainer_cores: list[int] | None = None
     # off by default until it shows a gain: on the AMX demo (bf16) the rollout side is idle for 0-33 % of the
     # trainer's micro-batches and no step got faster (docs/results.md); the fp32 path, trainer-bound, is unmeasured
     trainer_borrows_idle_cores: bool | Literal["auto"] = False
-    max_trainer_restarts: int = Field(2, ge=0)
+    max_trainer_restarts: int = Field(default=2, ge=0)
 
     @field_validator("trainer_resources", "rollout_resources")
     @classmethod
@@ -298,7 +298,7 @@ class MonitorSection(_Section):
     live: bool = True
     prometheus_port: int | None = 0
     tensorboard: bool = True
-    interval_s: float = Field(2.0, gt=0)
+    interval_s: float = Field(default=2.0, gt=0)
     wandb: WandbSection | None = None  # Weights & Biases (pip install 'agentrl[wandb]'); null: off
     trackio: TrackioSection | None = None  # trackio, local unless space_id; null: off
 
@@ -309,10 +309,10 @@ class RunConfig(_Section):
     runs_dir: str = "runs"
     seed: int = 0
     model: str = "tiny"
-    steps: int = Field(2, ge=1)  # RL steps; the final weight version equals this
-    checkpoint_every: int = Field(1, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)  # older ones are deleted (a 135M checkpoint with Adam state is ~1.7 GB)
-    keep_weight_versions: int | None = Field(4, ge=2)  # published versions kept besides v0 (null: all)
+    steps: int = Field(default=2, ge=1)  # RL steps; the final weight version equals this
+    checkpoint_every: int = Field(default=1, ge=1)
+    keep_checkpoints: int = Field(default=2, ge=1)  # older ones are deleted (a 135M checkpoint with Adam state is ~1.7 GB)
+    keep_weight_versions: int | None = Field(default=4, ge=2)  # published versions kept besides v0 (null: all)
     log_rollouts: Literal["none", "summary", "full"] = "summary"  # runs/<name>/rollouts.jsonl
     engine: EngineSection = Field(default_factory=EngineSection)
     redis: RedisSection = Field(default_factory=RedisSection)

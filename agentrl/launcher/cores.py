@@ -134,7 +134,8 @@ def redis_idle_probe(redis_url: str, key: str, published: Callable[[], int], *,
             return False
         if value is None:
             return False
-        name, _, served = value.decode(errors="replace").rpartition(" ")
+        text = value.decode(errors="replace") if isinstance(value, bytes) else value
+        name, _, served = text.rpartition(" ")
         try:
             return name == host and int(served) >= published()
         except ValueError:

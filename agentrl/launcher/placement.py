@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import sys
@@ -233,7 +234,7 @@ def ray_init(cfg: RunConfig) -> Any:
         ray.init(address=r.ray_address, log_to_driver=True)
     else:  # a local cluster offers what the run asks for, custom resources included
         need = r.rollout_num_cpus + r.trainer_world_size * r.trainer_num_cpus
-        ray.init(include_dashboard=False, num_cpus=max(need, float(os.cpu_count() or 1)), log_to_driver=True,
+        ray.init(include_dashboard=False, num_cpus=math.ceil(max(need, os.cpu_count() or 1)), log_to_driver=True,
                  configure_logging=False, resources=r.local_cluster_resources() or None)
     stop_on_sigterm()  # ray.init replaced our SIGTERM handler with one that aborts the controller
     return ray

@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -45,6 +45,11 @@ from agentrl.tokenizer import ChatTokenizer
 from agentrl.types import Trajectory
 
 logger = logging.getLogger(__name__)
+
+
+def _pid_reader(server: SGLangServer) -> Callable[[], int | None]:
+    """The server's current pid, read at every memory sample (a restarted server has a new one)."""
+    return lambda: server.pid
 
 
 class RolloutLog:
@@ -125,7 +130,7 @@ class RolloutWorker:
         self.channel = SyncChannel(handle.client, registry_namespace(cfg.name))  # weight_sync: distributed/tensor
         self.resources = await make_env_resources(cfg, stack)
         for server in self._servers:  # each server's whole tree (launcher, scheduler, detokenizer, …), then the rest
-            self.memory.watch(server.name, lambda s=server: s.pid, tree=True)
+            self.memory.watch(server.name, _pid_reader(server), tree=True)
         self.memory.watch("rollout_subprocesses", os.getpid(), tree=True)  # sandboxes, checker pool, router
         if agent:  # agent episodes talk to the engine through the gateway, served here once for all of them
             self.gateway = LocalGateway(self.engine, self.tok, self._gateway_config())
@@ -191,7 +196,7 @@ class RolloutWorker:
         for i, config in enumerate(configs):
             name = "sglang" if len(configs) == 1 else f"sglang-{i}"
             server = SGLangServer(config, name=name, log_path=self.run_dir / "logs" / f"{name}.log",
-                                  on_spawn=lambda s: record_process(self.run_dir, s.name, s.pid))
+                                  on_spawn=self._record_spawn)
             self._stack.callback(server.stop)
             server.start_background()
             servers.append(server)
@@ -213,7 +218,12 @@ class RolloutWorker:
             return AgentRunner(self.gateway, self.tok, r.sampling, r.budget)
         return EpisodeRunner(self.engine, self.tok, r.sampling, r.budget)
 
+    def _record_spawn(self, server: SGLangServer) -> None:
+        if server.pid is not None:  # on_spawn comes after the spawn: always set
+            record_process(self.run_dir, server.name, server.pid)
+
     def _make_env(self) -> Any:
+        assert self.resources is not None, "start() first"
         return default_registry.make_env(self.cfg.env.name, self.resources, **self.cfg.env.options)
 
     async def load_version(self, version: int, timeout_s: float = 3600.0) -> int:
@@ -257,6 +267,7 @@ class RolloutWorker:
     async def evaluate_heldout(self, label: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Greedy held-out evaluation on the engine's current weights: the figures and one record per task, which
         the controller writes to ``eval_<label>.jsonl`` (this node may share no directory with it)."""
+        assert self.resources is not None, "start() first"
         tasks = heldout_tasks(self.cfg)
         logger.info("held-out eval %s starts: %d tasks", label, len(tasks))
         async with self._working():
@@ -268,6 +279,7 @@ class RolloutWorker:
         return result, records
 
     async def run(self, total_groups: int, final_version: int) -> dict[str, Any]:
+        assert self.client is not None, "start() first"
         r = self.cfg.rollout
         d = self.cfg.data
         tasks = tasks_from(d.train, seed=self.cfg.seed, prompt_key=d.prompt_key, answer_key=d.answer_key)

@@ -46,7 +46,8 @@ def make_client(url: str, *, connect_timeout_s: float = 10.0) -> redis.asyncio.R
     write large commands piece by piece (:class:`_PieceWriter`)."""
     pool = redis.asyncio.ConnectionPool.from_url(url, socket_connect_timeout=connect_timeout_s, socket_timeout=None,
                                                  retry=Retry(NoBackoff(), 1))
-    pool.connection_class = _piece_sending(pool.connection_class, sys.version_info < (3, 12))
+    # a class is hashable (functools.cache's key); the stub's AbstractConnection defines __eq__ without __hash__
+    pool.connection_class = _piece_sending(pool.connection_class, sys.version_info < (3, 12))  # type: ignore[arg-type]
     client = redis.asyncio.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as from_url: aclose() closes the pool it made
     return client

@@ -137,9 +137,9 @@ class TrajectoryQueue:
         wanted = {tid for tid, v in status.items() if v == "+"}
         start: Any = "-"
         while wanted:
-            batch = await self._redis.xrange(self.stream, min=start, count=256)
+            batch = await self._redis.xrange(self.stream, min=start, count=256) or []  # the stub allows None
             for entry_id, fields in batch:
-                tid = _str(fields.get(b"i", b""))
+                tid = _str((fields or {}).get(b"i", b""))
                 if tid in wanted:
                     status[tid] = _str(entry_id)
                     wanted.discard(tid)

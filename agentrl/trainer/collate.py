@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor
 
@@ -99,9 +100,9 @@ class MicroBatch:
 def _make_sample(
     index: int,
     source: int,
-    token_ids: Sequence[int],
-    loss_mask: Sequence[int],
-    behav: Sequence[float] | None,
+    token_ids: npt.ArrayLike,
+    loss_mask: npt.ArrayLike,
+    behav: npt.ArrayLike | None,
     advantage: float = 0.0,
     weight: float = 1.0,
     staleness: int = 0,

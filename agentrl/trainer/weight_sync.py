@@ -88,7 +88,10 @@ def open_group(store: dist.Store, *, group: str, world_size: int, rank: int, bac
 
     timeout = timedelta(seconds=timeout_s)
     pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(group, store),
-                                      group_name=group, backend_options=None, timeout=timeout)
+                                      group_name=group,  # type: ignore[arg-type]  # torch's NewType of str
+                                      backend_options=None, timeout=timeout)
+    if not isinstance(pg, dist.ProcessGroup):  # torch's marker for a rank outside the group; never with all ranks
+        raise RuntimeError(f"rank {rank} of {world_size} is not a member of process group {group!r}")
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
 

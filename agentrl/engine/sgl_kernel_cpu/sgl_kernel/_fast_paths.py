@@ -197,7 +197,8 @@ def patch(name: str, module: ModuleType) -> bool:
         if fn is None:
             return False
         if not getattr(fn, "agentrl_fast", False):
-            module.sampling_from_probs_torch = _sampler_with_fast_path(fn)  # looked up as a global at call time
+            # looked up as a global at call time
+            module.sampling_from_probs_torch = _sampler_with_fast_path(fn)  # type: ignore[attr-defined]
     print(f"agentrl: CPU fast path installed in {name} (AGENTRL_SGLANG_CPU_PATCHES=0 turns it off)",
           file=sys.stderr, flush=True)
     return True
