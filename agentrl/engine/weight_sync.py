@@ -178,8 +178,7 @@ class Tensors(Broadcast):
 async def _receive(clients: Sequence[SGLangClient], offer: WeightOffer, timeout_s: float) -> Outcome:
     outcome: Outcome = [None] * len(clients)
     for k, bucket in enumerate(offer.buckets):
-        last = k == len(offer.buckets) - 1
-        version = offer.version if last else None
+        version = offer.version if k == len(offer.buckets) - 1 else None  # travels with the last bucket
 
         def receive(_: int, c: SGLangClient, b: BucketMeta = bucket, version: int | None = version) -> Awaitable[Any]:
             return c.receive_weight_bucket(group=offer.group, names=b.names, dtype=b.dtype, shapes=b.shapes,
