@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol
 
 from agentrl.errors import ConfigError
 from agentrl.launcher.config import RunConfig, borrowing_obstacle
+from agentrl.launcher.cores import engine_borrow_flag
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class PlacementChoice:
     release_engine_memory: bool  # GPU colocated: SGLang hands its memory to the trainer every step
     trainer_borrows: list[int] | None = None  # split: the rollout cores the trainer also uses while they idle
     borrow_reason: str = ""
+    engine_borrows: list[int] | None = None  # split: the trainer cores SGLang also uses while the trainer waits
+    engine_borrow_reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,25 +84,41 @@ def choose_placement(cfg: RunConfig, available: Sequence[int] | None = None) -> 
         rollout_cores, trainer_cores = r.rollout_cores, r.trainer_cores
         engine_threads = len(rollout_cores) if rollout_cores else None
         trainer_threads = max(1, len(trainer_cores) // world) if trainer_cores else None
-    borrows: list[int] | None = None
-    borrow_reason = "off (resources.trainer_borrows_idle_cores: false)"
-    if r.trainer_borrows_idle_cores is not False:
+    def borrowing(key: str, extra: str | None, cores: list[int] | None, what: str) -> tuple[list[int] | None, str]:
+        setting = getattr(r, key)
+        if setting is False:
+            return None, f"off (resources.{key}: false)"
         obstacle = borrowing_obstacle(r.model_copy(update={"placement": placement}),
                                       trainer_on_gpu=cfg.trainer.device == "cuda",
-                                      same_host=r.trainer_borrows_idle_cores == "auto")
-        if obstacle is not None and r.trainer_borrows_idle_cores is True:
-            raise ConfigError(f"resources.trainer_borrows_idle_cores: true needs {obstacle} (placement "
-                              f"{placement}: {reason})")
-        if obstacle is None:
-            borrows = sorted(rollout_cores or [])
-            borrow_reason = "the trainer also uses the rollout cores while the rollout side is idle"
-        else:
-            borrow_reason = f"off: needs {obstacle}"
+                                      same_host=setting == "auto") or extra
+        if obstacle is not None and setting is True:
+            raise ConfigError(f"resources.{key}: true needs {obstacle} (placement {placement}: {reason})")
+        return (None, f"off: needs {obstacle}") if obstacle is not None else (sorted(cores or []), what)
+
+    borrows, borrow_reason = borrowing("trainer_borrows_idle_cores", None, rollout_cores,
+                                       "the trainer also uses the rollout cores while the rollout side is idle")
+    engine_borrows, engine_reason = borrowing("engine_borrows_idle_cores", engine_borrowing_obstacle(cfg),
+                                              trainer_cores, "SGLang also uses the trainer cores while the trainer "
+                                              "waits for rollouts")
     return PlacementChoice(requested=r.placement, placement=placement, reason=reason, rollout_cores=rollout_cores,
                            trainer_cores=trainer_cores, engine_threads=engine_threads,
                            trainer_threads=trainer_threads,
                            release_engine_memory=hands_over_memory(cfg, placement), trainer_borrows=borrows,
-                           borrow_reason=borrow_reason)
+                           borrow_reason=borrow_reason, engine_borrows=engine_borrows,
+                           engine_borrow_reason=engine_reason)
+
+
+def engine_borrowing_obstacle(cfg: RunConfig) -> str | None:
+    """What, on the engine's side, keeps SGLang from borrowing the trainer's cores (None: nothing): it must be one
+    server on CPU that the run starts itself, with agentrl's CPU stand-in active (the hook lives there)."""
+    e = cfg.engine
+    if e.server.device != "cpu":
+        return "an SGLang server on CPU"
+    if e.url is not None or e.num_servers != 1:
+        return "one SGLang server started by the run (engine.num_servers 1, no engine.url)"
+    if e.server.env.get("AGENTRL_SGLANG_CPU_PATCHES") == "0":
+        return "agentrl's CPU patches in SGLang (engine.server.env has AGENTRL_SGLANG_CPU_PATCHES=0)"
+    return None
 
 
 def hands_over_memory(cfg: RunConfig, placement: str | None = None) -> bool:
@@ -115,7 +134,8 @@ def apply_placement(cfg: RunConfig, choice: PlacementChoice) -> RunConfig:
     hands its GPU memory over. ``config.yaml`` then records what ran."""
     resources = cfg.resources.model_copy(update={"placement": choice.placement, "rollout_cores": choice.rollout_cores,
                                                  "trainer_cores": choice.trainer_cores,
-                                                 "trainer_borrows_idle_cores": bool(choice.trainer_borrows)})
+                                                 "trainer_borrows_idle_cores": bool(choice.trainer_borrows),
+                                                 "engine_borrows_idle_cores": bool(choice.engine_borrows)})
     trainer = cfg.trainer
     if choice.trainer_threads is not None and trainer.num_threads is None:
         trainer = trainer.model_copy(update={"num_threads": choice.trainer_threads})
@@ -123,6 +143,10 @@ def apply_placement(cfg: RunConfig, choice: PlacementChoice) -> RunConfig:
     if choice.engine_threads is not None and server.device == "cpu" and "OMP_NUM_THREADS" not in server.env:
         # Ray gives each actor OMP_NUM_THREADS = its num_cpus (1), which SGLang would inherit from the rollout actor
         server = server.model_copy(update={"env": {**server.env, "OMP_NUM_THREADS": str(choice.engine_threads)}})
+    if choice.engine_borrows:  # read by our sgl_kernel stand-in in the scheduler (sgl_kernel/_borrow.py)
+        server = server.model_copy(update={"env": {
+            **server.env, "AGENTRL_BORROW_CORES": ",".join(map(str, choice.engine_borrows)),
+            "AGENTRL_BORROW_FLAG": str(engine_borrow_flag(cfg.run_dir()))}})
     if choice.release_engine_memory and MEMORY_SAVER_FLAG not in server.extra_args:
         server = server.model_copy(update={"extra_args": [*server.extra_args, MEMORY_SAVER_FLAG]})
     engine = cfg.engine.model_copy(update={"server": server})
@@ -140,6 +164,8 @@ def resolve_placement(cfg: RunConfig) -> tuple[RunConfig, PlacementChoice]:
     if choice.placement == "split":
         logger.info("trainer borrows idle rollout cores: %s", choice.borrow_reason if not choice.trainer_borrows
                     else f"{choice.trainer_borrows} ({choice.borrow_reason})")
+        logger.info("SGLang borrows the waiting trainer's cores: %s", choice.engine_borrow_reason
+                    if not choice.engine_borrows else f"{choice.engine_borrows} ({choice.engine_borrow_reason})")
     return apply_placement(cfg, choice), choice
 
 

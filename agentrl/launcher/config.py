@@ -231,7 +231,9 @@ class ResourcesSection(_Section):
     trainer also computes on ``rollout_cores`` while the rollout side is idle (:mod:`agentrl.launcher.cores`);
     ``auto`` turns it on wherever it can work (split, both core lists given and disjoint, one CPU trainer rank, no
     custom Ray resources that could put the sides on different nodes); ``true`` demands it; ``false`` (the
-    default) leaves the cores as placed."""
+    default) leaves the cores as placed. ``engine_borrows_idle_cores`` is the other way round: the SGLang server
+    started by the run (one, on CPU) also decodes on ``trainer_cores`` while the trainer waits for rollouts
+    (same conditions, and ``auto`` / ``true`` / ``false`` alike)."""
 
     placement: Literal["split", "colocated", "auto"] = "split"
     ray: bool = True
@@ -247,6 +249,7 @@ class ResourcesSection(_Section):
     # off by default until it shows a gain: on the AMX demo (bf16) the rollout side is idle for 0-33 % of the
     # trainer's micro-batches and no step got faster (docs/results.md); the fp32 path, trainer-bound, is unmeasured
     trainer_borrows_idle_cores: bool | Literal["auto"] = False
+    engine_borrows_idle_cores: bool | Literal["auto"] = False
     max_trainer_restarts: int = Field(default=2, ge=0)
 
     @field_validator("trainer_resources", "rollout_resources")
@@ -262,10 +265,11 @@ class ResourcesSection(_Section):
 
     @model_validator(mode="after")
     def _borrowing_needs_split_cores(self) -> ResourcesSection:
-        if self.trainer_borrows_idle_cores is True:
-            why = borrowing_obstacle(self, same_host=False)
-            if why:
-                raise ValueError(f"trainer_borrows_idle_cores: true needs {why}")
+        for key in ("trainer_borrows_idle_cores", "engine_borrows_idle_cores"):
+            if getattr(self, key) is True:
+                why = borrowing_obstacle(self, same_host=False)
+                if why:
+                    raise ValueError(f"{key}: true needs {why}")
         return self
 
     @model_validator(mode="after")

@@ -1,5 +1,5 @@
-"""Which cores a process computes on: :func:`pin_to_cores`, and the trainer borrowing the rollout side's cores while
-that side has nothing to do (issue 24 item 3).
+"""Which cores a process computes on: :func:`pin_to_cores`; the trainer borrowing the rollout side's cores while
+that side has nothing to do, and SGLang borrowing the trainer's while the trainer waits (issue 24 item 3).
 
 With split cores and η ≥ 1 the two sides have opposite bottlenecks on different CPUs: where the trainer is the
 slow side (the demo on a 2-core CPU: a ~50 s step against ~20 s of generation for it), the rollout side fills its
@@ -16,6 +16,12 @@ staleness budget, then idles until the next version is published, and its core w
   export and publication, when the rollout side wakes up. A micro-batch is seconds of work, so the switch lags the rollout side by at
   most one micro-batch: for that long both sides share the rollout's cores.
 
+The other way round (``resources.engine_borrows_idle_cores``), for a run bound by the rollout side: the trainer
+holds a host-local flag file while it waits for a batch (:class:`TrainerWaitFlag`, path :func:`engine_borrow_flag`)
+and the SGLang scheduler, started with the flag's path and the trainer's cores in its environment, decodes with one
+more thread per trainer core while the flag is up (``agentrl/engine/sgl_kernel_cpu/sgl_kernel/_borrow.py``; a file,
+not Redis: it is read before every forward pass, and the SGLang environment need not have a Redis client).
+
 The host name check keeps a trainer on another node (a cluster, custom Ray resources) from taking its own idle
 cores for the rollout's. Everything fails safe: an unreachable Redis, a missing key, another host → no borrowing.
 """
@@ -23,11 +29,15 @@ cores for the rollout's. Everything fails safe: an unreachable Redis, a missing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
 import os
 import socket
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from agentrl.launcher.protocol import registry_namespace
@@ -196,3 +206,42 @@ class CoreBorrower:
         self._asked = -float("inf")
         if self.borrowing:
             self._narrow()
+
+
+# --- the other way round: SGLang borrows the trainer's cores while the trainer waits for rollouts ------------------
+
+def engine_borrow_flag(run_dir: Path | str) -> Path:
+    """The host-local file by which the trainer of the run in ``run_dir`` says it waits for rollouts: in ``/dev/shm``
+    (else the temporary directory), so that only a trainer on this host can raise it, even with a run directory on
+    a shared filesystem. Named by the run directory's resolved path."""
+    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return base / f"agentrl-trainer-waiting-{digest}"
+
+
+class TrainerWaitFlag:
+    """Trainer side of ``resources.engine_borrows_idle_cores``: :meth:`raised` holds the flag (this process's pid)
+    while the trainer waits for a batch; the SGLang scheduler on this host reads it before each forward pass
+    (``sgl_kernel/_borrow.py`` of our CPU stand-in) and computes on the trainer's cores too while it is up. A flag
+    left by a crashed trainer names a dead pid, which the scheduler ignores; a new trainer removes it at start."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lower()
+
+    @contextlib.contextmanager
+    def raised(self) -> Iterator[None]:
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, self.path)  # atomic: the scheduler never reads a half-written pid
+        except OSError as exc:  # a full or read-only /dev/shm: the trainer goes on, nothing is borrowed
+            logger.debug("cannot raise the trainer's wait flag %s: %s", self.path, exc)
+        try:
+            yield
+        finally:
+            self.lower()
+
+    def lower(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

@@ -68,5 +68,8 @@ DEMO: dict[str, Any] = {
     # activation_checkpointing auto then stays off (0.8 GB of activations, under its 2 GB budget).
     "trainer": {"layout": "shared_prefix", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},
                 "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3"}, "micro_batch_tokens": 1024},
-    "resources": {"rollout_cores": [0], "trainer_cores": [1]},
+    # SGLang also decodes on the trainer's core while the trainer waits for rollouts (both CPU kinds are rollout-bound
+    # now: on the AVX2 EPYC the trainer waited 43 % of RL; decode there 1.18x faster with the core lent,
+    # benchmarks/engine_borrow_bench.py)
+    "resources": {"rollout_cores": [0], "trainer_cores": [1], "engine_borrows_idle_cores": "auto"},
 }

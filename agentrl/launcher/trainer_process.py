@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ import torch
 
 from agentrl.data.sft import read_traces
 from agentrl.launcher.config import RunConfig, load_config
-from agentrl.launcher.cores import CoreBorrower, idle_key, redis_idle_probe
+from agentrl.launcher.cores import CoreBorrower, TrainerWaitFlag, engine_borrow_flag, idle_key, redis_idle_probe
 from agentrl.launcher.protocol import queue_capacity, read_groups, registry_namespace, stream_name
 from agentrl.models import resolve_model
 from agentrl.queue import TrajectoryQueue, WeightRegistry, connect_redis
@@ -93,6 +94,7 @@ class _Rank0:
         self.unacked: list[str] = []  # entries trained on since the last checkpoint
         self.borrower: CoreBorrower | None = None  # resources.trainer_borrows_idle_cores
         self.published = -1  # the newest version this trainer published (the borrower's test of a waiting rollout)
+        self.wait_flag: TrainerWaitFlag | None = None  # resources.engine_borrows_idle_cores
 
 
 _ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -175,6 +177,10 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
             r0.borrower = CoreBorrower(r.trainer_cores or [], r.rollout_cores or [],
                                        redis_idle_probe(handle.url, idle_key(cfg.name), lambda: r0.published))
             logger.info("trainer borrows the rollout cores %s while the rollout side is idle", r.rollout_cores)
+        if cfg.resources.engine_borrows_idle_cores is True and cfg.resources.trainer_world_size == 1:
+            r0.wait_flag = TrainerWaitFlag(engine_borrow_flag(run_dir))
+            logger.info("SGLang may use the trainer cores %s while the trainer waits (%s)",
+                        cfg.resources.trainer_cores, r0.wait_flag.path)
     try:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         need_v0 = ckpt is None and (r0 is None or await r0.registry.latest() is None)
@@ -218,6 +224,8 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
                 weights.close()
     finally:
         if r0 is not None:
+            if r0.wait_flag is not None:
+                r0.wait_flag.lower()
             if r0.borrower is not None:
                 r0.borrower.close()
             await r0.queue.aclose()
@@ -274,9 +282,10 @@ async def rl_step(cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | 
     t0 = time.monotonic()
     entries: list[QueueEntry] = []
     if r0 is not None:
-        entries = await read_groups(r0.queue, groups=cfg.rollout.scheduler.groups_per_step,
-                                    group_size=cfg.rollout.scheduler.n_samples,
-                                    carry=r0.carry, stop_after_s=3600)
+        with r0.wait_flag.raised() if r0.wait_flag is not None else contextlib.nullcontext():
+            entries = await read_groups(r0.queue, groups=cfg.rollout.scheduler.groups_per_step,
+                                        group_size=cfg.rollout.scheduler.n_samples,
+                                        carry=r0.carry, stop_after_s=3600)
     wait_s = time.monotonic() - t0
     batch: list[Trajectory] = broadcast_object([e.trajectory for e in entries] if r0 is not None else None)
     m = trainer.rl_step(batch, current_version=trainer.weight_version)

@@ -7,7 +7,8 @@ its own import path). It implements only what the torch-native CPU path needs:
 - ``assign_req_to_token_pool_cpu``: write each request's new KV-cache slot indices into the request→token table.
 
 Importing it also installs CPU fast paths into SGLang (``_fast_paths``): batched decode and prefill (extend)
-attention and a faster exact sampler.
+attention and a faster exact sampler; and, when the launcher asks for it in the environment, the scheduler's
+borrowing of the trainer's cores while the trainer waits (``_borrow``).
 
 Every other name imports (SGLang imports several eagerly under ``if _is_cpu``) but raises ``NotImplementedError``
 with a clear message when called. No op is registered under ``torch.ops.sgl_kernel``, so SGLang's AMX probe
@@ -67,6 +68,7 @@ def __getattr__(name: str) -> _Unavailable:  # PEP 562: every name this stand-in
     return _Unavailable(name)
 
 
+from sgl_kernel._borrow import from_environment  # noqa: E402  # resources.engine_borrows_idle_cores
 from sgl_kernel._fast_paths import install  # noqa: E402  # batched attention, fast exact sampling
 
-install()
+install(borrowing=from_environment())

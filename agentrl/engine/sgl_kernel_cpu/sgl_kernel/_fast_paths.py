@@ -182,8 +182,9 @@ def _sampler_with_fast_path(original: Any) -> Any:
     return sampling_from_probs_torch
 
 
-def patch(name: str, module: ModuleType) -> bool:
-    """Patch ``module`` (ATTENTION or SAMPLER) if it is fully loaded; False if it is not (yet)."""
+def patch(name: str, module: ModuleType, borrowing: Any = None) -> bool:
+    """Patch ``module`` (ATTENTION or SAMPLER) if it is fully loaded; False if it is not (yet). ``borrowing``: an
+    ``EngineCoreBorrowing`` (``_borrow.py``) to run before every forward pass, or None."""
     if name == ATTENTION:
         cls = getattr(module, "TorchNativeAttnBackend", None)
         if cls is None:
@@ -192,6 +193,10 @@ def patch(name: str, module: ModuleType) -> bool:
             cls._run_sdpa_forward_decode = batched_forward_decode(cls._run_sdpa_forward_decode)
         if not getattr(cls._run_sdpa_forward_extend, "agentrl_batched", False):
             cls._run_sdpa_forward_extend = batched_forward_extend(cls._run_sdpa_forward_extend)
+        if borrowing is not None and not getattr(cls.init_forward_metadata, "agentrl_borrow", False):
+            cls.init_forward_metadata = borrowing.wrap(cls.init_forward_metadata)
+            print(f"agentrl: the scheduler borrows cores {borrowing.lend} while the trainer waits "
+                  f"({borrowing.flag})", file=sys.stderr, flush=True)
     else:
         fn = getattr(module, "sampling_from_probs_torch", None)
         if fn is None:
@@ -209,12 +214,13 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     them (it is half-initialised then), that one is patched at the next import of any module after it finished:
     SGLang imports many more before it runs a forward pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, borrowing: Any = None) -> None:
         self.pending = {ATTENTION, SAMPLER}
+        self.borrowing = borrowing
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         for loaded in [m for m in self.pending if m in sys.modules]:
-            if patch(loaded, sys.modules[loaded]):
+            if patch(loaded, sys.modules[loaded], self.borrowing):
                 self.pending.discard(loaded)
         if name not in self.pending:
             return None
@@ -225,21 +231,21 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module: ModuleType) -> None:
             exec_module(module)
-            if patch(name, module):
+            if patch(name, module, self.borrowing):
                 self.pending.discard(name)
 
         loader.exec_module = exec_and_patch  # type: ignore[method-assign]  # this spec's own loader instance
         return spec
 
 
-def install() -> None:
+def install(borrowing: Any = None) -> None:
     if os.environ.get("AGENTRL_SGLANG_CPU_PATCHES", "1") == "0":
         return
     if any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         return
-    finder = _PatchOnImport()
+    finder = _PatchOnImport(borrowing)
     for name in list(finder.pending):
-        if name in sys.modules and patch(name, sys.modules[name]):
+        if name in sys.modules and patch(name, sys.modules[name], borrowing):
             finder.pending.discard(name)
     if finder.pending:
         sys.meta_path.insert(0, finder)  # never removed (that would disturb an import in progress)
