@@ -209,3 +209,24 @@ def test_a_real_sglang_server_decodes_on_the_waiting_trainer_s_core(tiny_model_p
         assert f"the scheduler borrows cores {lend}" in log and f"agentrl: borrowed cores {lend} for" in log
     finally:
         server.stop()
+
+
+async def test_the_trainer_raises_the_flag_only_while_it_reads_the_queue(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """rl_step holds the flag around its wait for a batch, and takes it down when the wait ends, also by an error."""
+    from types import SimpleNamespace
+
+    from agentrl.launcher import trainer_process
+
+    path = engine_borrow_flag(tmp_path / "run")
+    seen: list[bool] = []
+
+    async def read_groups(*args: object, **kwargs: object) -> list[object]:
+        seen.append(path.exists() and path.read_text() == str(os.getpid()))
+        raise RuntimeError("the queue is gone")
+
+    monkeypatch.setattr(trainer_process, "read_groups", read_groups)
+    r0 = SimpleNamespace(queue=None, carry={}, wait_flag=TrainerWaitFlag(path), borrower=None)
+    with pytest.raises(RuntimeError, match="the queue is gone"):
+        await trainer_process.rl_step(load_config(None, []), tmp_path, None, r0, None)  # type: ignore[arg-type]
+    assert seen == [True] and not path.exists()
