@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from _common import MIN_ROUNDS, ainterleaved, environment, last_line  # this folder's
-from sglang_decode_bench import round_tps  # this folder's
+from sglang_decode_bench import add_load_arguments, quick_load, random_prompts, round_tps  # this folder's
 
 from agentrl.engine import SGLangServer, SGLangServerConfig
 from agentrl.hardware import engine_dtype
@@ -37,16 +36,15 @@ async def main(args: argparse.Namespace) -> None:
         raise SystemExit("engine_borrow_bench needs two cores: one for the server, one to lend it")
     model = resolve_model(args.model)
     dtype = engine_dtype(args.dtype, "cpu")
-    rng = random.Random(0)
-    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(args.prompt_tokens // 2, args.prompt_tokens * 3 // 2))]
-               for _ in range(args.requests)]
+    prompts = random_prompts(args)
     env = environment(dtype=dtype, packages=("sglang", "torch"))
     own, lend = cores[:1], cores[1:2]
     flag = Path(tempfile.mkdtemp(prefix="engine_borrow_bench_")) / "trainer-waiting"
+    log = Path(tempfile.gettempdir()) / "engine_borrow_bench_sglang.log"
     server = SGLangServer(SGLangServerConfig(
         model_path=str(model), dtype=dtype, max_total_tokens=args.max_total_tokens,
         env={"OMP_NUM_THREADS": "1", "AGENTRL_BORROW_FLAG": str(flag), "AGENTRL_BORROW_CORES": str(lend[0])}),
-        log_path=Path(tempfile.gettempdir()) / "engine_borrow_bench_sglang.log")
+        log_path=log)
     pin_to_cores(own)  # the server inherits it; the client stays there too (the rollout actor's core)
     try:
         await asyncio.to_thread(server.start)
@@ -71,7 +69,6 @@ async def main(args: argparse.Namespace) -> None:
         flag.unlink(missing_ok=True)
         server.stop()
         pin_to_cores(cores)
-    log = Path(tempfile.gettempdir()) / "engine_borrow_bench_sglang.log"
     borrowed = [line for line in log.read_text(errors="replace").splitlines() if "agentrl: borrowed cores" in line]
     lo, hi = cmp.range
     print(f"{args.requests} requests of ~{args.prompt_tokens} prompt tokens, {args.max_new_tokens} new tokens each, "
@@ -87,17 +84,6 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    add_load_arguments(p)
     p.add_argument("--dtype", default="auto", help="auto: as the demo resolves it on this CPU (float32 or bfloat16)")
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--prompt-tokens", type=int, default=300)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=MIN_ROUNDS)
-    p.add_argument("--max-total-tokens", type=int, default=65536)
-    p.add_argument("--quick", action="store_true", help="a check that the script runs: 8 requests of ~64 prompt "
-                                                        "tokens x 16 new, 2 rounds (not a figure to quote)")
-    a = p.parse_args()
-    if a.quick:
-        a.requests, a.concurrency, a.prompt_tokens, a.max_new_tokens, a.rounds = 8, 8, 64, 16, 2
-    asyncio.run(main(a))
+    asyncio.run(main(quick_load(p.parse_args())))

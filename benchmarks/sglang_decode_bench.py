@@ -56,6 +56,33 @@ async def round_tps(url: str, prompts: list[list[int]], concurrency: int, max_ne
         return tokens / (time.perf_counter() - t0)
 
 
+def random_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """``--requests`` prompts of random token ids, ``--prompt-tokens`` long on average (half to 1.5x), seeded."""
+    rng = random.Random(0)
+    return [[rng.randrange(100, 40000) for _ in range(rng.randint(args.prompt_tokens // 2, args.prompt_tokens * 3 // 2))]
+            for _ in range(args.requests)]
+
+
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    """The load a decode benchmark sends (shared with engine_borrow_bench.py); :func:`quick_load` applies ``--quick``."""
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=300)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=MIN_ROUNDS)
+    p.add_argument("--max-total-tokens", type=int, default=65536,
+                   help="each server's KV-cache size in tokens (its memory: ~46 KB a token in fp32 for the 135M model)")
+    p.add_argument("--quick", action="store_true", help="a check that the script runs: 8 requests of ~64 prompt "
+                                                        "tokens x 16 new, 2 rounds (not a figure to quote)")
+
+
+def quick_load(a: argparse.Namespace) -> argparse.Namespace:
+    if a.quick:
+        a.requests, a.concurrency, a.prompt_tokens, a.max_new_tokens, a.rounds = 8, 8, 64, 16, 2
+    return a
+
+
 def decode_flops_per_token(model: Path, context: float) -> float:
     """2 × matmul parameters per token (attention and MLP projections, LM head) + 4 · layers · context · hidden."""
     from transformers import AutoConfig
@@ -77,9 +104,7 @@ def matmul_rate(dtype: str) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     model = resolve_model(args.model)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(args.prompt_tokens // 2, args.prompt_tokens * 3 // 2))]
-               for _ in range(args.requests)]
+    prompts = random_prompts(args)
     env = environment(dtype=args.dtype, packages=("sglang", "torch"))
     context = statistics.mean(len(p) + (args.max_new_tokens - 1) / 2 for p in prompts)  # a generated token's mean
     flops = decode_flops_per_token(model, context)
@@ -122,18 +147,6 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    add_load_arguments(p)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--prompt-tokens", type=int, default=300)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=MIN_ROUNDS)
-    p.add_argument("--max-total-tokens", type=int, default=65536,
-                   help="each server's KV-cache size in tokens (its memory: ~46 KB a token in fp32 for the 135M model)")
-    p.add_argument("--quick", action="store_true", help="a check that the script runs: 8 requests of ~64 prompt "
-                                                        "tokens x 16 new, 2 rounds (not a figure to quote)")
-    a = p.parse_args()
-    if a.quick:
-        a.requests, a.concurrency, a.prompt_tokens, a.max_new_tokens, a.rounds = 8, 8, 64, 16, 2
-    asyncio.run(main(a))
+    asyncio.run(main(quick_load(p.parse_args())))

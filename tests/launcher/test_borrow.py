@@ -37,14 +37,6 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
         yield server
 
 
-@pytest.fixture
-def restore_cores() -> Iterator[None]:
-    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
-    yield
-    pin_to_cores(cores)
-    torch.set_num_threads(threads)
-
-
 # --- when it is on -----------------------------------------------------------------------------------------------------
 
 def test_auto_borrows_with_split_cores_on_one_host_and_writes_it_in() -> None:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -39,14 +38,6 @@ def _borrow_module() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def restore_cores() -> Iterator[None]:
-    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
-    yield
-    pin_to_cores(cores)
-    torch.set_num_threads(threads)
 
 
 # --- when it is on -----------------------------------------------------------------------------------------------------

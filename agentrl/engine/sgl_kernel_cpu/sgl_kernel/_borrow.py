@@ -68,12 +68,12 @@ class EngineCoreBorrowing:
 
     def trainer_waiting(self) -> bool:
         try:
-            st = os.stat(self.flag)
             with open(self.flag) as f:
+                raised_at = os.fstat(f.fileno()).st_mtime
                 pid = int(f.read().strip() or "-1")
         except (OSError, ValueError):
             return False
-        return pid > 0 and time.time() - st.st_mtime >= self.settle_s and _alive(pid)
+        return pid > 0 and time.time() - raised_at >= self.settle_s and _alive(pid)
 
     def adjust(self) -> None:
         if self.own is None:
@@ -90,7 +90,7 @@ class EngineCoreBorrowing:
                 torch.set_num_threads(self.own_threads + len(self.lend))
                 self.borrowing, self._since = True, now
             elif not waiting and self.borrowing:
-                self.narrow(now)
+                self._narrow(now)
         self.borrowed_forwards += self.borrowing
 
     def wrap(self, init_forward_metadata: Any) -> Any:
@@ -103,12 +103,11 @@ class EngineCoreBorrowing:
         wrapped.agentrl_borrow = True  # type: ignore[attr-defined]
         return wrapped
 
-    def narrow(self, now: float | None = None) -> None:
-        if not self.borrowing or self.own is None:
-            return
+    def _narrow(self, now: float) -> None:
+        assert self.own is not None  # set by the first adjust, before any widening
         torch.set_num_threads(self.own_threads)
         _pin(self.own)
-        spent = (now if now is not None else time.monotonic()) - self._since
+        spent = now - self._since
         self.borrowed_s += spent
         self.borrowing = False
         self.log(f"agentrl: borrowed cores {self.lend} for {spent:.1f} s while the trainer waited "
