@@ -7,10 +7,11 @@ bf16 matmul ran ~6x faster than fp32; on an AVX2-only EPYC torch emulates it at 
 
 - ``cuda``: bf16 where ``torch.cuda.is_bf16_supported()`` (Ampere and newer), else fp32.
 - ``cpu``: fp32 unless ``/proc/cpuinfo`` lists ``amx_bf16`` or ``avx512_bf16``; with one of them the two dtypes are
-  measured (a one-thread ``[128, 576] @ [576, 1536]`` matmul, the shape of a 135M model's MLP) and bf16 is chosen
-  only if it is at least :data:`MIN_SPEEDUP` times faster. The measurement catches ISA caps the flags do not show
-  (``ONEDNN_MAX_CPU_ISA=AVX2`` on an AMX machine) and is cached per CPU model, flags, torch version and those
-  variables in ``<agentrl cache>/precision.json``.
+  measured (a one-thread ``[128, 576] @ [576, 1536]`` matmul, the shape of a 135M model's MLP, in a child process)
+  and bf16 is chosen only if it is at least :data:`MIN_SPEEDUP` times faster. The measurement catches what the
+  flags do not show: ISA caps (``ONEDNN_MAX_CPU_ISA=AVX2`` on an AMX machine) and CPUs whose ``avx512_bf16`` is
+  slower than their fp32 (a Xeon VM without AMX: bf16 74 vs fp32 140 GFLOP/s). It is cached per CPU model, flags,
+  torch version and those variables in ``<agentrl cache>/precision.json``.
 
 Trainer dtypes are ``fp32`` / ``bf16``; SGLang's ``--dtype`` names are ``float32`` / ``bfloat16``
 (:func:`engine_dtype`).
@@ -19,9 +20,12 @@ Trainer dtypes are ``fp32`` / ``bf16``; SGLang's ``--dtype`` names are ``float32
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +93,23 @@ def matmul_gflops(dtype_name: TrainDtype, *, rows: int = 128, inner: int = 576, 
 
 
 CACHE_FILE = "precision.json"  # under agentrl.models.cache_dir()
+MEASURE_TIMEOUT_S = 300.0  # the child that measures (imports torch, then ~0.2 s of matmuls)
+
+
+def measure_rates(timeout_s: float = MEASURE_TIMEOUT_S) -> tuple[float, float]:
+    """(fp32, bf16) one-thread GFLOP/s of :func:`matmul_gflops`, measured in a child Python with this process's
+    environment (the ISA caps): the controller that resolves ``dtype: auto`` loads no torch for it (torch stayed in
+    its memory for the whole run, ~0.5 GB). Measured here instead if the child fails (logged)."""
+    code = ("import json; from agentrl.hardware import matmul_gflops; "
+            "print(json.dumps([matmul_gflops('fp32'), matmul_gflops('bf16')]))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                              check=True)
+        fp32, bf16 = json.loads(done.stdout.strip().splitlines()[-1])
+        return float(fp32), float(bf16)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
+        logger.warning("measuring the matmul rates in a child process failed (%s): measuring in this one", exc)
+        return matmul_gflops("fp32"), matmul_gflops("bf16")
 
 
 def torch_version() -> str:
@@ -122,7 +143,7 @@ def _measured_cpu_speedup(model: str, flags: frozenset[str]) -> tuple[float, flo
     hit = read_json_cache(CACHE_FILE).get(key)
     if isinstance(hit, list) and len(hit) == 2:
         return float(hit[0]), float(hit[1])
-    fp32, bf16 = matmul_gflops("fp32"), matmul_gflops("bf16")
+    fp32, bf16 = measure_rates()
     write_json_cache(CACHE_FILE, key, [round(fp32, 2), round(bf16, 2)])  # a read-only home: measured again next time
     return fp32, bf16
 

@@ -31,11 +31,12 @@ def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, objec
     """Fake matmul rates (GFLOP/s per dtype) and a private cache; ``calls`` counts measurements."""
     state: dict[str, object] = {"rates": {"fp32": 60.0, "bf16": 360.0}, "calls": 0}
 
-    def fake(dtype: str, **_: object) -> float:
+    def fake(**_: object) -> tuple[float, float]:
         state["calls"] = int(state["calls"]) + 1  # type: ignore[call-overload]
-        return state["rates"][dtype]  # type: ignore[index]
+        rates: dict[str, float] = state["rates"]  # type: ignore[assignment]
+        return rates["fp32"], rates["bf16"]
 
-    monkeypatch.setattr(hardware, "matmul_gflops", fake)
+    monkeypatch.setattr(hardware, "measure_rates", fake)
     monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
     for var in hardware.ISA_ENV:
         monkeypatch.delenv(var, raising=False)
@@ -59,8 +60,8 @@ def test_amx_cpu_gets_bf16_when_measured_fast_and_the_result_is_cached(tmp_path:
     info = cpuinfo(tmp_path, "Intel Xeon", AMX)
     p = cpu_precision(info)
     assert p.dtype == "bf16" and "360.0" in p.reason and "amx_bf16" in p.reason
-    assert measured["calls"] == 2
-    assert cpu_precision(info).dtype == "bf16" and measured["calls"] == 2  # from the cache
+    assert measured["calls"] == 1
+    assert cpu_precision(info).dtype == "bf16" and measured["calls"] == 1  # from the cache
     assert (tmp_path / "cache" / "precision.json").exists()
 
 
@@ -72,7 +73,7 @@ def test_isa_cap_is_caught_by_measuring(tmp_path: Path, measured: dict[str, obje
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     measured["rates"] = {"fp32": 60.0, "bf16": 1.1}
     p = cpu_precision(info)  # another cache key: measured again
-    assert p.dtype == "fp32" and "not faster" in p.reason and measured["calls"] == 4
+    assert p.dtype == "fp32" and "not faster" in p.reason and measured["calls"] == 2
 
 
 def test_explicit_dtypes_are_kept_and_bad_ones_refused() -> None:
@@ -106,13 +107,15 @@ def test_run_config_records_the_resolved_choice(flags: str, trainer: str, engine
 
 def test_the_real_measurement_runs_here() -> None:
     assert matmul_gflops("fp32", rows=16, inner=64, cols=64, min_time_s=0.01) > 0
+    fp32, bf16 = hardware.measure_rates()  # in a child process
+    assert fp32 > 0 and bf16 > 0
     p = cpu_precision()  # this machine, whatever it is
     assert p.dtype in ("fp32", "bf16") and p.reason
 
 
 def test_torch_version_is_read_without_importing_torch(tmp_path: Path) -> None:
-    """The controller resolves ``dtype: auto`` from the cache with no torch in its process (its key holds the
-    version, read from torch's version.py); a miss measures and imports it."""
+    """The controller resolves ``dtype: auto`` with no torch in its process: the cache key holds the version, read
+    from torch's version.py, and a miss measures in a child process."""
     import torch
 
     child = """
@@ -126,6 +129,12 @@ print(json.dumps({"version": v, "dtype": p.dtype, "torch": "torch" in sys.module
                                       check=True, env=env).stdout.strip().splitlines()[-1]) for _ in range(2)]
     assert runs[0]["version"] == runs[1]["version"] == torch.__version__
     assert runs[0]["dtype"] == runs[1]["dtype"]
-    if any(f in cpu_info()[1] for f in hardware.BF16_FLAGS):  # a CPU with bf16 flags measures once (torch)
-        assert runs[0]["torch"] is True
-    assert runs[1]["torch"] is False  # from the cache (or no bf16 flag: no measurement at all)
+    assert runs[0]["torch"] is False and runs[1]["torch"] is False  # measured in a child, then from the cache
+    if any(f in cpu_info()[1] for f in hardware.BF16_FLAGS):  # a CPU with bf16 flags measured once: cached
+        assert json.loads((tmp_path / hardware.CACHE_FILE).read_text())
+
+
+def test_a_failing_child_measures_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(hardware, "matmul_gflops", lambda dtype, **_: {"fp32": 2.0, "bf16": 3.0}[dtype])
+    assert hardware.measure_rates() == (2.0, 3.0)

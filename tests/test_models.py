@@ -186,3 +186,39 @@ def test_the_engine_and_the_eval_service_get_the_same_folder(hf_cache: Path, tmp
     assert info.value.loc == ("model", "tokenizer") and "models--Org--Missing" in str(info.value)
     with pytest.raises(ValidationError, match="Hugging Face id"):
         ModelSpec(name="not a model")
+
+
+def test_a_bundled_model_is_built_in_a_child_process(tmp_path: Path, tiny_model_path: Path) -> None:
+    """The build loads torch and transformers; the process that asked (the controller) keeps neither. The tiny model
+    built again into an empty cache has the same files and weights as the suite's."""
+    import hashlib
+    import json
+    import os
+    import subprocess
+    import sys
+
+    child = """
+import json, sys
+from agentrl.models import resolve_model
+path = resolve_model("tiny")
+print(json.dumps({"path": str(path), "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+    env = {**os.environ, "AGENTRL_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"path": str(tmp_path / "cache" / "models" / "tiny"), "torch": False, "transformers": False}
+    built = Path(got["path"])
+
+    def digest(folder: Path) -> str:
+        return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(folder.glob("*.safetensors")))).hexdigest()
+
+    assert {f.name for f in built.iterdir()} == {f.name for f in tiny_model_path.iterdir()}
+    assert digest(built) == digest(tiny_model_path)
+
+
+def test_a_failed_build_says_why(tmp_path: Path) -> None:
+    from agentrl.models import _build_in_child
+
+    with pytest.raises(ConfigError, match=r"building the bundled model 'nope'.*exit 1[\s\S]*unknown bundled model"):
+        _build_in_child("nope", tmp_path)
