@@ -74,6 +74,21 @@ def test_trainer_scores_tokens_at_the_rollout_temperature():
         load_config(None, ["trainer.model=tiny"])
 
 
+def test_a_cosine_schedule_spans_the_run_unless_told_otherwise():
+    """Without total_steps, cosine decays over the run's optimiser updates: steps x mini_batches."""
+    opt = load_config(None, ["steps=12", "trainer.optimizer.schedule=cosine"]).trainer.optimizer
+    assert opt.total_steps == 12
+    cfg = load_config(None, ["steps=12", "trainer.mini_batches=3", "trainer.optimizer.schedule=cosine"])
+    assert cfg.trainer.optimizer.total_steps == 36
+    demo = load_config(None, ["trainer.optimizer.schedule=cosine", "steps=20"], base=recipes.DEMO)
+    assert demo.trainer.optimizer.total_steps == 20 and demo.trainer.optimizer.lr == recipes.DEMO["trainer"]["optimizer"]["lr"]
+    kept = load_config(None, ["steps=12", "trainer.optimizer.schedule=cosine", "trainer.optimizer.total_steps=5"])
+    assert kept.trainer.optimizer.total_steps == 5  # given: kept
+    assert load_config(None, ["steps=12"]).trainer.optimizer.total_steps is None  # constant: nothing to fill
+    with pytest.raises(ConfigError, match="steps"):  # a malformed steps is refused by its own check
+        load_config(None, ["steps=many", "trainer.optimizer.schedule=cosine"])
+
+
 def test_the_saved_config_reads_back_as_the_same_run(tmp_path):
     cfg = load_config(None, ["rollout.temperature=1.3", "rollout.group_retries=5", "engine.dtype=float32",
                              "trainer.layout=padded"])

@@ -332,6 +332,23 @@ class RunConfig(_Section):
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
     monitor: MonitorSection = Field(default_factory=MonitorSection)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _cosine_spans_the_run(cls, data: Any) -> Any:
+        """``trainer.optimizer.schedule: cosine`` without ``total_steps`` decays over the whole run: ``steps`` x
+        ``trainer.mini_batches`` optimiser updates (the Trainer alone, outside a run, still needs the number)."""
+        if not isinstance(data, dict) or not isinstance(data.get("trainer"), dict):
+            return data
+        trainer = data["trainer"]
+        opt = trainer.get("optimizer")
+        if not isinstance(opt, dict) or opt.get("schedule") != "cosine" or opt.get("total_steps") is not None:
+            return data
+        try:
+            updates = int(data.get("steps", cls.model_fields["steps"].default)) * int(trainer.get("mini_batches", 1))
+        except (TypeError, ValueError):
+            return data  # a malformed steps or mini_batches: their own validation says so
+        return {**data, "trainer": {**trainer, "optimizer": {**opt, "total_steps": updates}}}
+
     @field_validator("trainer", mode="before")
     @classmethod
     def _model_is_top_level(cls, value: Any) -> Any:
