@@ -66,7 +66,12 @@ DEMO: dict[str, Any] = {
     # trajectories) peaked at 12.0 GB with 4096 (all six groups' activations alive at once, 1.34 MB a token) and at
     # 5.7 GB with 1024, in the same CPU time (benchmarks/trainer_bench.py --shape demo; docs/results.md, issue 24);
     # activation_checkpointing auto then stays off (0.8 GB of activations, under its 2 GB budget).
-    "trainer": {"layout": "shared_prefix", "optimizer": {"lr": 3e-5, "grad_clip": 1.0},
+    # lr cosine to a tenth over the run: at a constant 3e-5 the policy swung late in the run between the SFT pattern
+    # and parentheses everywhere (a fp32 Xeon without AMX, seed 0: .975 at v20, .75 at v25, 0.50 after RL); the
+    # trained groups then are mostly the parenthesis wordings' (the others solved, dropped as uniform), so each full
+    # step pushes parentheses everywhere. With the decay the same seed went 0.75 -> 0.975, 0.9 at 691 s (one run each)
+    "trainer": {"layout": "shared_prefix",
+                "optimizer": {"lr": 3e-5, "grad_clip": 1.0, "schedule": "cosine", "min_lr_ratio": 0.1},
                 "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3"}, "micro_batch_tokens": 1024},
     # SGLang also decodes on the trainer's core while the trainer waits for rollouts (both CPU kinds are rollout-bound
     # now: on the AVX2 EPYC the trainer waited 43 % of RL; decode there 1.18x faster with the core lent,
