@@ -102,9 +102,11 @@ def measure_rates(timeout_s: float = MEASURE_TIMEOUT_S) -> tuple[float, float]:
     its memory for the whole run, ~0.5 GB). Measured here instead if the child fails (logged)."""
     code = ("import json; from agentrl.hardware import matmul_gflops; "
             "print(json.dumps([matmul_gflops('fp32'), matmul_gflops('bf16')]))")
+    from agentrl.models import child_env
+
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
-                              check=True)
+                              check=True, env=child_env())
         fp32, bf16 = json.loads(done.stdout.strip().splitlines()[-1])
         return float(fp32), float(bf16)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:

@@ -39,6 +39,13 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAMED_MODELS = ("tiny", "smollm2-135m-instruct")
 
 
+def child_env() -> dict[str, str]:
+    """This process's environment with agentrl's own package root first on ``PYTHONPATH``, for a child Python that
+    imports agentrl: it finds this copy, installed or a source checkout alike."""
+    root = str(Path(__file__).resolve().parents[1])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+
+
 def cache_dir() -> Path:
     """The agentrl cache root (``$AGENTRL_CACHE_DIR`` or ``~/.cache/agentrl``)."""
     return Path(os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl")
@@ -237,7 +244,7 @@ def _build_in_child(name: str, out: Path, timeout_s: float = BUILD_TIMEOUT_S) ->
     code = "import sys; from agentrl.models import build_named; build_named(sys.argv[1], sys.argv[2])"
     try:
         done = subprocess.run([sys.executable, "-c", code, name, str(out)], capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+                              timeout=timeout_s, check=False, env=child_env())
     except subprocess.TimeoutExpired:
         raise ConfigError(f"building the bundled model {name!r} did not finish within {timeout_s:.0f} s") from None
     if done.returncode != 0:

@@ -25,12 +25,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import sys
-from pathlib import Path
 from typing import Self
 
 from agentrl.errors import ConfigError
+from agentrl.models import child_env
 from agentrl.rewards import _normalize as norm
 from agentrl.rewards._equivalence import MAX_ANSWER_CHARS, Verdict, no_answer_verdict
 from agentrl.rewards.base import VerifierError
@@ -228,10 +227,7 @@ class MathVerifier:
         self._idle.put_nowait(worker)
 
     async def _spawn(self) -> _Worker:
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-        )
+        env = child_env()
         try:
             proc = await asyncio.create_subprocess_exec(
                 self._python,
