@@ -69,7 +69,8 @@ DEMO: dict[str, Any] = {
     # lr cosine to a tenth over the run: at a constant 3e-5 the policy swung late in the run between the SFT pattern
     # and parentheses everywhere (a fp32 Xeon without AMX, seed 0: .975 at v20, .75 at v25, 0.50 after RL); the
     # trained groups then are mostly the parenthesis wordings' (the others solved, dropped as uniform), so each full
-    # step pushes parentheses everywhere. With the decay the same seed went 0.75 -> 0.975, 0.9 at 691 s (one run each)
+    # step pushes parentheses everywhere. With the decay the same seed went 0.75 -> 0.975 (0.9 at 691 s) and seed 1
+    # 0.725 -> 0.975 (0.9 at 730 s), curves that did not swing back (one run each; docs/results.md, 2026-11-28)
     "trainer": {"layout": "shared_prefix",
                 "optimizer": {"lr": 3e-5, "grad_clip": 1.0, "schedule": "cosine", "min_lr_ratio": 0.1},
                 "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3"}, "micro_batch_tokens": 1024},
