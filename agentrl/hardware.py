@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,14 +101,15 @@ def measure_rates(timeout_s: float = MEASURE_TIMEOUT_S) -> tuple[float, float]:
     its memory for the whole run, ~0.5 GB). Measured here instead if the child fails (logged)."""
     code = ("import json; from agentrl.hardware import matmul_gflops; "
             "print(json.dumps([matmul_gflops('fp32'), matmul_gflops('bf16')]))")
-    from agentrl.models import child_env
+    from agentrl.models import run_python
 
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
-                              check=True, env=child_env())
+        done = run_python(code, timeout_s=timeout_s)
+        if done.returncode != 0:
+            raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-300:]}")
         fp32, bf16 = json.loads(done.stdout.strip().splitlines()[-1])
         return float(fp32), float(bf16)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
+    except (OSError, subprocess.SubprocessError, RuntimeError, ValueError, IndexError, TypeError) as exc:
         logger.warning("measuring the matmul rates in a child process failed (%s): measuring in this one", exc)
         return matmul_gflops("fp32"), matmul_gflops("bf16")
 

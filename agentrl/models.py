@@ -46,6 +46,13 @@ def child_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
 
 
+def run_python(code: str, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``python -c code *args`` in a child with :func:`child_env`, its output captured; raises
+    ``subprocess.TimeoutExpired`` past ``timeout_s``, never for its exit status (the caller reads ``returncode``)."""
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout_s,
+                          check=False, env=child_env())
+
+
 def cache_dir() -> Path:
     """The agentrl cache root (``$AGENTRL_CACHE_DIR`` or ``~/.cache/agentrl``)."""
     return Path(os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl")
@@ -243,8 +250,7 @@ def _build_in_child(name: str, out: Path, timeout_s: float = BUILD_TIMEOUT_S) ->
     controller peaked at 2.0 GB instead of 0.29 GB on a fresh machine."""
     code = "import sys; from agentrl.models import build_named; build_named(sys.argv[1], sys.argv[2])"
     try:
-        done = subprocess.run([sys.executable, "-c", code, name, str(out)], capture_output=True, text=True,
-                              timeout=timeout_s, check=False, env=child_env())
+        done = run_python(code, name, str(out), timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
         raise ConfigError(f"building the bundled model {name!r} did not finish within {timeout_s:.0f} s") from None
     if done.returncode != 0:

@@ -135,6 +135,6 @@ print(json.dumps({"version": v, "dtype": p.dtype, "torch": "torch" in sys.module
 
 
 def test_a_failing_child_measures_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hardware.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
     monkeypatch.setattr(hardware, "matmul_gflops", lambda dtype, **_: {"fp32": 2.0, "bf16": 3.0}[dtype])
     assert hardware.measure_rates() == (2.0, 3.0)
