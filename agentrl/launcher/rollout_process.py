@@ -255,12 +255,18 @@ class RolloutWorker:
 
             fallback = export if ws.fallback == "disk" else None
             if wv.transport == "tensor":
-                return await self.client.load_weights(Tensors(
+                loaded = await self.client.load_weights(Tensors(
                     version, lambda n: channel.tensors(version, servers=n, timeout_s=ask_s), export=fallback,
                     attempts=ws.attempts, timeout_s=ws.timeout_s))
-            return await self.client.load_weights(Broadcast(
-                version, lambda n: channel.offer(version, world_size=n, timeout_s=ask_s), export=fallback,
-                attempts=ws.attempts))
+            else:
+                loaded = await self.client.load_weights(Broadcast(
+                    version, lambda n: channel.offer(version, world_size=n, timeout_s=ask_s), export=fallback,
+                    attempts=ws.attempts))
+            try:  # the trainer, past its last step, keeps answering until it reads this
+                await channel.confirm_loaded(loaded)
+            except Exception as exc:  # the load itself succeeded: the trainer stops after its bound instead
+                logger.warning("could not confirm loading weights v%d to the trainer: %s", loaded, exc)
+            return loaded
         await self.client.update_weights(wv.path, wv.version)
         return wv.version
 

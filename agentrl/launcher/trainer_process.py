@@ -112,7 +112,7 @@ class WeightShare:
     broadcast."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None) -> None:
-        self.trainer = trainer
+        self.trainer, self.cfg = trainer, cfg
         ws = cfg.weight_sync
         self.mode = ws.mode
         self.distributed = ws.mode != "disk"  # held in memory (distributed or tensor)
@@ -149,6 +149,13 @@ class WeightShare:
         sd = self.trainer.full_state_dict()
         if self.server is not None:
             self.server.sender.set_weights(version, sd, self.dtype)
+
+    def finish(self, final_version: int) -> None:
+        """After the last step: answer until the rollout side serves ``final_version`` (bounded by how long its
+        last load may take: each attempt's ask, then the fallback's)."""
+        if self.server is not None:
+            ws = self.cfg.weight_sync
+            self.server.finish(final_version, timeout_s=(ws.attempts + 1) * (2 * ws.timeout_s + 30.0))
 
     def close(self) -> None:
         if self.server is not None:
@@ -220,6 +227,7 @@ async def _train(cfg: RunConfig, run_dir: Path, redis_url: str | None, *, rank: 
                     logger.info("published v0 (%s)", weights.transport)
                 while trainer.weight_version < cfg.steps:
                     await rl_step(cfg, run_dir, trainer, r0, weights)
+                await asyncio.to_thread(weights.finish, trainer.weight_version)
             finally:
                 weights.close()
     finally:

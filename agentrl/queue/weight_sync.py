@@ -5,6 +5,8 @@ Keys under the run's registry namespace N::
 
     N:sync:requests        list   JSON requests (LPUSH by the rollout; the trainer BRPOPs the oldest)
     N:sync:reply:<id>      list   the one JSON answer to request <id>, expiring after ``reply_ttl_s``
+    N:sync:loaded          string the version the rollout's servers last loaded through the channel: the trainer
+                                  keeps answering after its last step until this reaches the final version
 
 A request is ``{"id", "kind": "broadcast" | "tensor" | "export", "version", "world_size", "deadline"}``; the answer
 is ``{"offer": WeightOffer}`` (broadcast: the newest weights the trainer has, at least ``version``), ``{"tensor":
@@ -58,6 +60,7 @@ class SyncChannel:
         self._owns_client = owns_client
         self._requests = f"{namespace}:sync:requests"
         self._reply_prefix = f"{namespace}:sync:reply:"
+        self._loaded = f"{namespace}:sync:loaded"
         self._retry = retry or RetryPolicy()
         self._op_timeout_s = op_timeout_s
         self._reply_ttl_s = reply_ttl_s
@@ -103,7 +106,21 @@ class SyncChannel:
         answer = await self.ask("export", version=version, timeout_s=timeout_s)
         return str(answer["path"]), int(answer["version"])
 
+    async def confirm_loaded(self, version: int) -> None:
+        """Tell the trainer the servers now serve ``version`` (a trainer past its last step waits for this)."""
+        await self._call(lambda: self._redis.set(self._loaded, int(version)), "confirm a weight load")
+
     # -- the trainer side --------------------------------------------------------------------------------------
+
+    async def loaded(self) -> int | None:
+        """The version the rollout side last confirmed loading, or None since :meth:`forget_loaded`."""
+        raw = await self._call(lambda: self._redis.get(self._loaded), "read the loaded weight version")
+        return None if raw is None else int(raw)
+
+    async def forget_loaded(self) -> None:
+        """Clear the confirmation (a trainer starting: a confirmation left by an earlier attempt means nothing)."""
+        await self._call(lambda: self._redis.delete(self._loaded), "clear the loaded weight version")
+
 
     async def next_request(self, block_s: float) -> SyncRequest | None:
         """The oldest request still wanted, waiting up to ``block_s`` for one; None if there was none."""

@@ -237,6 +237,8 @@ class RequestChannel(Protocol):
 
     async def next_request(self, block_s: float) -> Any: ...  # -> SyncRequest | None
     async def answer(self, request: Any, reply: dict[str, Any]) -> None: ...
+    async def loaded(self) -> int | None: ...
+    async def forget_loaded(self) -> None: ...
     async def aclose(self) -> None: ...
 
 
@@ -252,6 +254,10 @@ class WeightServer:
         self._export_dir = export_dir
         self._write = write
         self._stop = threading.Event()
+        self._finishing = threading.Event()
+        self._final = 0
+        self._finish_by = 0.0
+        self._confirmed = False
         self._thread: threading.Thread | None = None
         self.served: list[tuple[int, int, float]] = []  # (version, servers, seconds) of each broadcast sent
 
@@ -261,15 +267,34 @@ class WeightServer:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop answering now (a trainer that failed: nobody should wait on its weights)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def finish(self, final_version: int, timeout_s: float) -> bool:
+        """Keep answering until the rollout side confirms it serves ``final_version`` (its last load, a fallback
+        export included, comes after the trainer's last step: stopping at once left it unanswered), at most
+        ``timeout_s``; then stop. False if no confirmation came."""
+        self._final = final_version
+        self._finish_by = time.monotonic() + timeout_s
+        self._finishing.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s + 30.0)  # the loop checks every second; a request in service ends first
+        self._stop.set()
+        if not self._confirmed:
+            logger.warning("weight server: the rollout side did not confirm loading v%d within %.0fs; stopping",
+                           final_version, timeout_s)
+        return self._confirmed
+
     async def _run(self) -> None:
         channel = await self._connect()
         try:
+            await channel.forget_loaded()  # a confirmation from an earlier attempt of this run says nothing now
             while not self._stop.is_set():
                 try:
+                    if self._finishing.is_set() and await self._done(channel):
+                        return
                     request = await channel.next_request(block_s=1.0)
                     if request is not None:
                         await self._serve(channel, request)
@@ -278,6 +303,13 @@ class WeightServer:
                     await asyncio.sleep(1.0)
         finally:
             await channel.aclose()
+
+    async def _done(self, channel: RequestChannel) -> bool:
+        loaded = await channel.loaded()
+        self._confirmed = loaded is not None and loaded >= self._final
+        if self._confirmed:
+            logger.info("weight server: the rollout side serves v%d; stopping", loaded)
+        return self._confirmed or time.monotonic() > self._finish_by
 
     async def _serve(self, channel: RequestChannel, request: Any) -> None:
         if request.kind == "export":

@@ -79,6 +79,7 @@ def test_a_run_with_distributed_weight_sync_writes_no_weights_and_serves_every_v
     log = proc.stderr
     for v in (0, 1, 2):
         assert f"weights v{v} broadcast to 1 server(s)" in log, log[-3000:]
+    assert "the rollout side serves v2; stopping" in log, log[-3000:]  # it waited for the last load
 
     async def served() -> int:
         async with SGLangClient(shared_server) as client:
@@ -170,6 +171,7 @@ def test_a_run_with_tensor_weight_sync_serves_every_version_from_shared_memory(t
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0"]  # SFT's output only: no fallback to disk
     for v in (0, 1, 2):
         assert f"weights v{v} offered in shared memory to 1 server(s)" in proc.stderr, proc.stderr[-3000:]
+    assert "the rollout side serves v2; stopping" in proc.stderr, proc.stderr[-3000:]  # it waited for the last load
 
     async def served() -> int:
         async with SGLangClient(shared_server) as client:

@@ -111,6 +111,11 @@ class FakeChannel:
     async def answer(self, request: Any, reply: dict[str, Any]) -> None:
         self.answers.append((request, reply))
 
+    async def loaded(self) -> int | None:
+        return None
+
+    async def forget_loaded(self) -> None: ...
+
     async def aclose(self) -> None: ...
 
 
