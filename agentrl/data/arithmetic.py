@@ -74,10 +74,19 @@ HELDOUT_TEMPLATES = (
     Template("What number is {c} times the sum of {a} and {b}?", "({a} + {b}) * {c}"),
 )
 
+
+def _weighted(templates: tuple[Template, ...], *, paren: int, plain: int) -> tuple[Template, ...]:
+    """Each wording whose answer takes parentheses ``paren`` times, each other one ``plain`` times (a stream draws
+    each entry once per block of ``len(result)`` tasks)."""
+    return tuple(t for t in templates for _ in range(paren if "(" in t.expr else plain))
+
+
 FAMILIES: dict[str, tuple[Template, ...]] = {
     "sft": SFT_TEMPLATES,
     "rl": SFT_TEMPLATES + NEW_TEMPLATES,
     "new": NEW_TEMPLATES,
+    # ``new`` with as many parenthesis tasks as others (4 wordings x 3, 6 x 2 in each block of 24), for RL
+    "new_balanced": _weighted(NEW_TEMPLATES, paren=3, plain=2),
     "heldout": HELDOUT_TEMPLATES,
 }
 

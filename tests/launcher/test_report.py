@@ -73,3 +73,18 @@ def test_rl_task_stream_is_seeded_and_uses_every_wording_once_per_round():
         assert {template_of(t.prompt, templates) for t in chunk} == set(templates)
     orders = [[templates.index(template_of(t.prompt, templates)) for t in chunk] for chunk in rounds]
     assert len({tuple(o) for o in orders}) > 1  # shuffled afresh each round
+
+
+def test_the_balanced_rl_family_draws_as_many_parenthesis_tasks_as_others_in_each_block():
+    from collections import Counter
+    from itertools import islice
+
+    from agentrl.data.arithmetic import task_stream
+
+    block = len(FAMILIES["new_balanced"])
+    tasks = list(islice(task_stream("new_balanced", seed=1), 2 * block))
+    for chunk in (tasks[:block], tasks[block:]):
+        counts = Counter(template_of(t.prompt, FAMILIES["new"]) for t in chunk)
+        assert set(counts) == set(FAMILIES["new"])
+        assert {counts[t] for t in counts if "(" in t.expr} == {3} and {counts[t] for t in counts if "(" not in t.expr} == {2}
+        assert sum("(" in t.metadata["expr"] for t in chunk) == block // 2
