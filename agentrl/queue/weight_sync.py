@@ -121,7 +121,6 @@ class SyncChannel:
         """Clear the confirmation (a trainer starting: a confirmation left by an earlier attempt means nothing)."""
         await self._call(lambda: self._redis.delete(self._loaded), "clear the loaded weight version")
 
-
     async def next_request(self, block_s: float) -> SyncRequest | None:
         """The oldest request still wanted, waiting up to ``block_s`` for one; None if there was none."""
         deadline = time.monotonic() + block_s

@@ -290,7 +290,10 @@ class WeightServer:
     async def _run(self) -> None:
         channel = await self._connect()
         try:
-            await channel.forget_loaded()  # a confirmation from an earlier attempt of this run says nothing now
+            try:  # a confirmation from an earlier attempt of this run says nothing now
+                await channel.forget_loaded()
+            except Exception:  # Redis past its retries: serve anyway (at worst the trainer ends without waiting)
+                logger.exception("weight server: clearing the last load's confirmation failed")
             while not self._stop.is_set():
                 try:
                     if self._finishing.is_set() and await self._done(channel):
