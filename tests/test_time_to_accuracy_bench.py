@@ -3,8 +3,11 @@ real run: `benchmarks/time_to_accuracy.py --quick`)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _common  # noqa: E402
@@ -31,3 +34,31 @@ def test_the_last_line_says_none_when_never_reached() -> None:
     reached = time_to_accuracy.figures({**summary, "time_to_heldout_0.9_s": 1234.5,
                                         "time_to_heldout_0.9_rl_s": 600.25}, 2500.0)
     assert (reached["time_to_heldout_0.9_s"], reached["time_to_heldout_0.9_rl_s"]) == (1234.5, 600.25)
+
+
+def _memory_cgroups() -> bool:
+    from agentrl.sandbox._cgroup import CgroupTree
+
+    tree = CgroupTree.detect()
+    return tree is not None and "memory" in tree.parents
+
+
+HOLD = "import time; b = bytearray({mb} << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1.0)"
+
+
+@pytest.mark.skipif(not _memory_cgroups(), reason="needs a writable cgroup v1 memory controller")
+def test_the_memory_limit_holds_the_whole_tree_and_reports_its_peak_and_kills() -> None:
+    # Within the limit: a grandchild's 300 MB counts (the tree is inside), and the cgroup is gone afterwards.
+    child = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', {HOLD.format(mb=300)!r}]).returncode)"
+    limit = time_to_accuracy.MemoryLimit(1.0, interval_s=0.1)
+    with limit:
+        ok = subprocess.run([sys.executable, "-c", child], preexec_fn=limit.enter, timeout=60)
+    assert ok.returncode == 0 and limit.result["oom_kills"] == 0
+    assert 0.29 < limit.result["cgroup_anon_peak_gb"] < 1.0 and limit.result["cgroup_peak_gb"] <= 1.0
+    assert not limit.dir.exists()
+    # Beyond it: the kernel kills the process, and the figures say so.
+    limit = time_to_accuracy.MemoryLimit(0.25, interval_s=0.1)
+    with limit:
+        killed = subprocess.run([sys.executable, "-c", HOLD.format(mb=400)], preexec_fn=limit.enter, timeout=60)
+    assert killed.returncode == -9 and limit.result["oom_kills"] >= 1
+    assert limit.result["cgroup_peak_gb"] <= 0.25
