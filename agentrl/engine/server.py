@@ -8,6 +8,7 @@ are left out and ``extra_args`` pass anything else through.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -57,9 +58,12 @@ def pool_configs(base: SGLangServerConfig, num_servers: int) -> list[SGLangServe
     ``tp_size`` GPUs (``--base-gpu-id`` = i · tp_size)."""
     if num_servers < 1:
         raise EngineError(f"expected at least one server, got num_servers={num_servers}")
+    # Several servers on port 0 get their ports chosen together here: one free_port() call each could return the
+    # same port twice (the kernel may hand a just-released ephemeral port out again), and two servers cannot share it.
+    ports = free_ports(num_servers, base.host) if num_servers > 1 else [base.port]
     out = []
     for i in range(num_servers):
-        update: dict[str, object] = {"port": 0 if num_servers > 1 else base.port}
+        update: dict[str, object] = {"port": ports[i]}
         if base.device != "cpu":
             update["base_gpu_id"] = (base.base_gpu_id or 0) + i * base.tp_size
         out.append(base.model_copy(update=update))
@@ -70,6 +74,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are chosen."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 class SGLangServer:

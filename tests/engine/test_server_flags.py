@@ -39,8 +39,10 @@ def test_gpu_flags_pass_through_and_cpu_ones_stay_out():
 def test_pool_configs_give_each_server_its_own_port_and_gpus():
     gpu = pool_configs(SGLangServerConfig(model_path="/m", device="cuda", tp_size=2), 3)
     assert [c.base_gpu_id for c in gpu] == [0, 2, 4]
-    servers = [SGLangServer(c) for c in pool_configs(SGLangServerConfig(model_path="/m"), 3)]
-    assert len({s.port for s in servers}) == 3
+    for _ in range(50):  # chosen together, so never the same port twice (one at a time, CI once drew a repeat)
+        servers = [SGLangServer(c) for c in pool_configs(SGLangServerConfig(model_path="/m"), 3)]
+        assert len({s.port for s in servers}) == 3 and all(s.config.port == s.port != 0 for s in servers)
+    assert [c.port for c in pool_configs(SGLangServerConfig(model_path="/m", port=30000), 1)] == [30000]
     assert all(c.base_gpu_id is None for c in pool_configs(SGLangServerConfig(model_path="/m"), 2))
     with pytest.raises(EngineError, match="at least one server"):
         pool_configs(SGLangServerConfig(model_path="/m"), 0)
