@@ -59,11 +59,16 @@ def figures(summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
         return "none" if got is None else got
 
     curve = summary.get("heldout_curve") or []
+    memory = summary.get("memory") or {}
     return {"time_to_heldout_0.9_s": value("time_to_heldout_0.9_s"),
             "time_to_heldout_0.9_rl_s": value("time_to_heldout_0.9_rl_s"),
             "heldout_sft": value("heldout_accuracy_sft"), "heldout_after": value("heldout_accuracy_after"),
             "wall_s": wall_s, "run_wall_s": value("wall_time_s"), "steps": summary.get("steps", 0),
-            "heldout_evals": len(curve), "heldout_evals_failed": summary.get("heldout_evals_failed", 0)}
+            "heldout_evals": len(curve), "heldout_evals_failed": summary.get("heldout_evals_failed", 0),
+            # summary.json's memory block: Σ RSS of the run's processes (shared libraries counted per process) and
+            # Σ RssAnon (each page once), peaks over time
+            "peak_rss_gb": memory.get("peak_concurrent_gb", "none"),
+            "peak_anon_gb": memory.get("peak_concurrent_anon_gb", "none")}
 
 
 class MemoryLimit:

@@ -31,6 +31,10 @@ def test_the_last_line_says_none_when_never_reached() -> None:
     assert got["time_to_heldout_0.9_s"] == "none" and got["time_to_heldout_0.9_rl_s"] == "none"
     assert got["heldout_sft"] == "0.750" and got["heldout_after"] == "0.850" and got["wall_s"] == "2500"
     assert got["heldout_evals"] == "3" and got["cpu"] == "x"
+    assert got["peak_rss_gb"] == got["peak_anon_gb"] == "none"  # a summary without a memory block
+    memory = {"peak_concurrent_gb": 13.4, "peak_concurrent_anon_gb": 10.25}
+    assert {k: v for k, v in time_to_accuracy.figures({**summary, "memory": memory}, 1.0).items()
+            if k.startswith("peak_")} == {"peak_rss_gb": 13.4, "peak_anon_gb": 10.25}
     reached = time_to_accuracy.figures({**summary, "time_to_heldout_0.9_s": 1234.5,
                                         "time_to_heldout_0.9_rl_s": 600.25}, 2500.0)
     assert (reached["time_to_heldout_0.9_s"], reached["time_to_heldout_0.9_rl_s"]) == (1234.5, 600.25)

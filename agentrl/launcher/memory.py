@@ -12,6 +12,8 @@ each trainer rank itself (returned by its ``train`` call). :func:`combine` turns
                           bound of the tree's peak that short-lived children, e.g. sandbox runs, do not inflate)
     sum_of_peaks_gb     = Σ_role per_process[role]                         (an upper bound of the next)
     peak_concurrent_gb  = max over wall-clock seconds s of  Σ_node  Σ_{p sampled there} RSS_p(s)
+    peak_concurrent_anon_gb = the same over RssAnon_p(s): memory no file backs, each page counted once (the
+                          figure a memory limit enforces, less shared memory such as /dev/shm weight files)
 
 The concurrent figure is exact (to the sampling interval; a spike shorter than it is missed, VmHWM catches it in
 the sum of peaks) for processes on one node. Across nodes each node's series is aligned by wall-clock second, so it
@@ -19,7 +21,9 @@ is as good as the nodes' clocks agree. RSS counts a page shared by several proce
 ``/dev/shm`` weights): the sums overstate, never understate. PSS (``/proc/<pid>/smaps_rollup``) would split them
 exactly, but one read walks the process's page tables: 10-50 ms of CPU per process here (the demo's trainer rank,
 6 GB: 48 ms), a hundred times an RSS read; in that demo Σ PSS of its five largest processes was 14 % below their
-Σ RSS.
+Σ RSS. ``RssAnon`` comes with the same read and leaves the shared pages out: the demo run inside a memory cgroup
+(``benchmarks/time_to_accuracy.py --memory-limit-gb``) had its processes' Σ RSS peak at 13.4 GB where the kernel
+counted 10.9 GB of anonymous and shared memory.
 
 GB here are GiB (2**30 bytes).
 """
@@ -34,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -50,10 +54,17 @@ class _Watch:
     tree: bool  # with every descendant not claimed by an earlier watch
 
 
-def read_memory(pid: int) -> tuple[int, int] | None:
-    """``(rss, peak_rss)`` of ``pid`` in bytes, or None if it is gone. Linux: ``VmRSS`` and ``VmHWM`` of
+class Memory(NamedTuple):
+    rss: int
+    peak: int  # the kernel's peak RSS (VmHWM)
+    anon: int  # RssAnon: resident memory no file backs
+
+
+def read_memory(pid: int) -> Memory | None:
+    """The memory of ``pid`` in bytes, or None if it is gone. Linux: ``VmRSS``, ``VmHWM`` and ``RssAnon`` of
     ``/proc/<pid>/status`` (one read; the kernel's peak, which psutil does not expose); elsewhere psutil's
-    ``rss`` and, where the platform keeps one (Windows' ``peak_wset``), its peak, else the RSS itself."""
+    ``rss``, where the platform keeps one (Windows' ``peak_wset``) its peak, else the RSS itself, and the RSS as
+    anonymous (an upper bound)."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
@@ -63,14 +74,15 @@ def read_memory(pid: int) -> tuple[int, int] | None:
             info = psutil.Process(pid).memory_info()
         except psutil.Error:
             return None
-        return info.rss, max(info.rss, getattr(info, "peak_wset", 0))
+        return Memory(info.rss, max(info.rss, getattr(info, "peak_wset", 0)), info.rss)
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     if "VmRSS" not in fields:  # a zombie or kernel thread: no memory of its own
         return None
     rss = int(fields["VmRSS"].split()[0]) * 1024
-    return rss, int(fields.get("VmHWM", fields["VmRSS"]).split()[0]) * 1024
+    anon = int(fields["RssAnon"].split()[0]) * 1024 if "RssAnon" in fields else rss  # RssAnon: Linux ≥ 4.5
+    return Memory(rss, int(fields.get("VmHWM", fields["VmRSS"]).split()[0]) * 1024, anon)
 
 
 class MemorySampler:
@@ -96,6 +108,7 @@ class MemorySampler:
         self._peaks: dict[str, int] = {}  # role → max over passes of Σ VmHWM of its live processes
         self._seen: set[tuple[int, float]] = set()  # (pid, start time): distinct processes
         self._series: dict[int, int] = {}  # wall-clock second → max Σ RSS of a pass in it
+        self._anon_series: dict[int, int] = {}  # wall-clock second → max Σ RssAnon of a pass in it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -121,7 +134,7 @@ class MemorySampler:
         with self._lock:
             watches = list(self._watches)
         claimed = set(self._skip())
-        total = 0
+        total = anon = 0
         hwm: dict[str, int] = {}
         seen = []
         for w in watches:
@@ -142,8 +155,9 @@ class MemorySampler:
                 mem = read_memory(pid)
                 if mem is None:
                     continue
-                total += mem[0]
-                hwm[w.role] = hwm.get(w.role, 0) + mem[1]
+                total += mem.rss
+                anon += mem.anon
+                hwm[w.role] = hwm.get(w.role, 0) + mem.peak
                 seen.append((pid, started.get(pid, 0.0)))
         second = int(time.time())
         with self._lock:
@@ -151,6 +165,7 @@ class MemorySampler:
                 self._peaks[role] = max(self._peaks.get(role, 0), value)
             self._seen.update(seen)
             self._series[second] = max(self._series.get(second, 0), total)
+            self._anon_series[second] = max(self._anon_series.get(second, 0), anon)
         return total
 
     def start(self) -> MemorySampler:
@@ -180,12 +195,13 @@ class MemorySampler:
 
     def report(self) -> dict[str, Any]:
         """This node's figures, JSON-able (they travel back to the controller as the return value of a Ray call):
-        ``peaks`` (role → bytes), ``processes`` (distinct processes seen), ``series`` ([second, bytes] pairs),
-        ``host`` and ``total_ram``."""
+        ``peaks`` (role → bytes), ``processes`` (distinct processes seen), ``series`` and ``anon_series``
+        ([second, bytes] pairs of Σ RSS and Σ RssAnon), ``host`` and ``total_ram``."""
         with self._lock:
             return {"host": socket.gethostname(), "total_ram": psutil.virtual_memory().total,
                     "interval_s": self.interval_s, "peaks": {r: v for r, v in self._peaks.items() if v},
-                    "processes": len(self._seen), "series": sorted(self._series.items())}
+                    "processes": len(self._seen), "series": sorted(self._series.items()),
+                    "anon_series": sorted(self._anon_series.items())}
 
 
 def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | None = None) -> dict[str, Any]:
@@ -197,7 +213,18 @@ def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | Non
     for r in present:
         for role, value in r["peaks"].items():
             per_role[role] = per_role.get(role, 0) + int(value)
-    series = [sorted((int(t), int(v)) for t, v in r["series"]) for r in present]
+    ram = total_ram if total_ram is not None else psutil.virtual_memory().total
+    return {"peak_concurrent_gb": _gb(_concurrent_peak(present, "series")),
+            "peak_concurrent_anon_gb": _gb(_concurrent_peak(present, "anon_series")),
+            "sum_of_peaks_gb": _gb(sum(per_role.values())),
+            "per_process": {role: _gb(v) for role, v in sorted(per_role.items())},
+            "processes": sum(int(r["processes"]) for r in present),
+            "hosts": sorted({r["host"] for r in present}), "total_ram_gb": _gb(ram),
+            "interval_s": max((float(r.get("interval_s", 1.0)) for r in present), default=None)}
+
+
+def _concurrent_peak(reports: list[Mapping[str, Any]], key: str) -> int:
+    series = [sorted((int(t), int(v)) for t, v in r.get(key, ())) for r in reports]
     seconds = sorted({t for s in series for t, _ in s})
     peak, cursors = 0, [0] * len(series)
     for t in seconds:
@@ -206,15 +233,10 @@ def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | Non
             while cursors[i] + 1 < len(s) and s[cursors[i] + 1][0] <= t:
                 cursors[i] += 1
             at, value = s[cursors[i]] if s else (t + 1, 0)
-            if at <= t and t - at <= 3 * float(present[i].get("interval_s", 1.0)):
+            if at <= t and t - at <= 3 * float(reports[i].get("interval_s", 1.0)):
                 summed += value
         peak = max(peak, summed)
-    ram = total_ram if total_ram is not None else psutil.virtual_memory().total
-    return {"peak_concurrent_gb": _gb(peak), "sum_of_peaks_gb": _gb(sum(per_role.values())),
-            "per_process": {role: _gb(v) for role, v in sorted(per_role.items())},
-            "processes": sum(int(r["processes"]) for r in present),
-            "hosts": sorted({r["host"] for r in present}), "total_ram_gb": _gb(ram),
-            "interval_s": max((float(r.get("interval_s", 1.0)) for r in present), default=None)}
+    return peak
 
 
 def _gb(n: int) -> float:
@@ -222,11 +244,13 @@ def _gb(n: int) -> float:
 
 
 def report_line(memory: Mapping[str, Any]) -> str:
-    """The line of ``report.md``: "peak memory: X GB concurrent (sum of peaks Y GB) over N processes seen in the run
-    (short-lived ones included); …" (N counts every sandbox run too: 5,461 in a demo)."""
+    """The line of ``report.md``: "peak memory: X GB concurrent (A GB of it anonymous, sum of peaks Y GB) over N
+    processes seen in the run (short-lived ones included); …" (N counts every sandbox run too: 5,461 in a demo)."""
     per = memory.get("per_process", {})
     sglang = sum(v for k, v in per.items() if k.startswith("sglang"))
-    parts = [f"peak memory: {memory['peak_concurrent_gb']:.2f} GB concurrent (sum of peaks "
+    anon = (f"{memory['peak_concurrent_anon_gb']:.2f} GB of it anonymous, "
+            if memory.get("peak_concurrent_anon_gb") is not None else "")  # older summaries have no anon figure
+    parts = [f"peak memory: {memory['peak_concurrent_gb']:.2f} GB concurrent ({anon}sum of peaks "
              f"{memory['sum_of_peaks_gb']:.2f} GB) over {memory['processes']} processes seen in the run "
              "(short-lived ones included)"]
     if "trainer-0" in per:

@@ -59,6 +59,28 @@ def test_a_tree_watch_counts_the_children_it_started():
     assert summed >= ALLOC_MB * MIB, "the concurrent sum must include the grandchild's allocation"
     assert report["peaks"]["tree"] >= ALLOC_MB * MIB
     assert report["processes"] == 2 and max(v for _, v in report["series"]) == summed
+    assert ALLOC_MB * MIB <= max(v for _, v in report["anon_series"]) < summed  # the allocation is anonymous
+
+
+def test_a_mapped_file_is_resident_but_not_anonymous(tmp_path):
+    """Pages backed by a file (libraries, model files) count in RSS once per process; RssAnon leaves them out."""
+    path = tmp_path / "mapped.bin"
+    path.write_bytes(b"\x01" * (ALLOC_MB * MIB))
+    code = ("import mmap, sys\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+            "sum(m[i] for i in range(0, len(m), 4096))\nprint('ready', flush=True)\nsys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        _wait_for(proc, "ready")
+        sampler = MemorySampler()
+        sampler.watch("child", proc.pid)
+        summed = sampler.sample()
+        memory = read_memory(proc.pid)
+        report = sampler.report()
+    finally:
+        _end(proc)
+    assert memory is not None and memory.rss >= ALLOC_MB * MIB and memory.anon < ALLOC_MB * MIB / 2
+    assert summed >= ALLOC_MB * MIB and max(v for _, v in report["anon_series"]) < ALLOC_MB * MIB / 2
 
 
 def test_a_watch_without_tree_leaves_the_children_out():
@@ -138,7 +160,7 @@ def test_a_bad_interval_is_refused():
 
 def _report(host: str, peaks: dict[str, int], series: list[tuple[int, int]]) -> dict:
     return {"host": host, "total_ram": 8 * GIB, "interval_s": 1.0, "peaks": peaks, "processes": len(peaks),
-            "series": series}
+            "series": series, "anon_series": [(t, v // 2) for t, v in series]}
 
 
 def test_combine_sums_the_sides_second_by_second():
@@ -148,6 +170,7 @@ def test_combine_sums_the_sides_second_by_second():
     trainer = _report("b", {"trainer-0": 2 * GIB}, [(102, 2 * GIB), (110, 5 * GIB)])
     memory = combine([driver, None, rollout, trainer], total_ram=24 * GIB)
     assert memory["peak_concurrent_gb"] == 7.0  # 1 + 4 + 2 at second 102
+    assert memory["peak_concurrent_anon_gb"] == 3.5  # the same seconds, half of each
     assert memory["per_process"] == {"driver": 1.0, "redis": 0.5, "rollout": 1.0, "sglang": 3.0, "trainer-0": 2.0}
     assert memory["sum_of_peaks_gb"] == sum(memory["per_process"].values()) == 7.5
     assert memory["processes"] == 5 and memory["hosts"] == ["a", "b"] and memory["total_ram_gb"] == 24.0
@@ -159,7 +182,9 @@ def test_combine_sums_the_sides_second_by_second():
 def test_combine_of_nothing_and_the_report_line():
     empty = combine([None], total_ram=GIB)
     assert empty["peak_concurrent_gb"] == 0 and empty["per_process"] == {} and empty["processes"] == 0
-    line = report_line({"peak_concurrent_gb": 5.5, "sum_of_peaks_gb": 6.25, "processes": 12, "total_ram_gb": 24.0,
+    assert empty["peak_concurrent_anon_gb"] == 0
+    line = report_line({"peak_concurrent_gb": 5.5, "peak_concurrent_anon_gb": 4.25, "sum_of_peaks_gb": 6.25,
+                        "processes": 12, "total_ram_gb": 24.0,
                         "per_process": {"trainer-0": 2.5, "sglang": 1.5, "sglang-1": 1.0, "driver": 0.5}})
-    assert line.startswith("peak memory: 5.50 GB concurrent (sum of peaks 6.25 GB) over 12 processes seen in the run (short-lived ones included); "
+    assert line.startswith("peak memory: 5.50 GB concurrent (4.25 GB of it anonymous, sum of peaks 6.25 GB) over 12 processes seen in the run (short-lived ones included); "
                            "trainer rank 0 2.50 GB; SGLang 2.50 GB")
