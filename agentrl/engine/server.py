@@ -102,6 +102,7 @@ class SGLangServer:
         self.on_spawn = on_spawn  # told of every process group started (also restarts), before readiness
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
+        self._shm_files: set[str] = set()  # SGLang's /dev/shm files of the running group, unlinked by stop()
 
     @property
     def url(self) -> str:
@@ -194,6 +195,7 @@ class SGLangServer:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
                         logger.info("%s ready at %s", self.name, self.url)
+                        self._shm_files |= group_shm_files(proc.pid)
                         return
             except (urllib.error.URLError, OSError, TimeoutError):
                 pass
@@ -224,6 +226,7 @@ class SGLangServer:
         """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
+            self._shm_files |= group_shm_files(proc.pid)
             _signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout_s)
@@ -235,6 +238,12 @@ class SGLangServer:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        # SGLang unlinks its load-report file only on a clean exit, which a killed process group never has: 16 KB
+        # per server start left in /dev/shm (tmpfs, RAM) otherwise
+        for path in self._shm_files:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._shm_files.clear()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -256,14 +265,14 @@ class SGLangServer:
         self.stop()
 
 
-def group_cpu_seconds(pgid: int) -> float | None:
-    """Sum of utime + stime of the live processes in process group ``pgid`` (Linux /proc), or None."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    total, seen = 0, False
+def _group_stats(pgid: int) -> dict[int, list[bytes]] | None:
+    """pid → the fields of ``/proc/<pid>/stat`` after the command name, for the live processes of process group
+    ``pgid`` (fields: state ppid pgrp … utime(11) stime(12)); None where /proc cannot be listed."""
     try:
         entries = os.listdir("/proc")
     except OSError:
         return None
+    out = {}
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -272,10 +281,37 @@ def group_cpu_seconds(pgid: int) -> float | None:
                 fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
         except OSError:
             continue  # the process ended meanwhile
-        if int(fields[2]) == pgid:  # fields: state ppid pgrp ... utime(11) stime(12)
-            total += int(fields[11]) + int(fields[12])
-            seen = True
-    return total / tick if seen else None
+        if int(fields[2]) == pgid:
+            out[int(entry)] = fields
+    return out
+
+
+def group_cpu_seconds(pgid: int) -> float | None:
+    """Sum of utime + stime of the live processes in process group ``pgid`` (Linux /proc), or None."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    stats = _group_stats(pgid)
+    if not stats:
+        return None
+    return sum(int(f[11]) + int(f[12]) for f in stats.values()) / tick
+
+
+SHM_PREFIXES = ("/dev/shm/sglang_loads_",)  # SGLang's per-server load-report slots (managers/load_snapshot.py)
+
+
+def group_shm_files(pgid: int) -> set[str]:
+    """SGLang's files in ``/dev/shm`` (:data:`SHM_PREFIXES`) that the processes of group ``pgid`` hold open."""
+    found = set()
+    for pid in _group_stats(pgid) or ():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM_PREFIXES):
+                    found.add(target)
+    return found
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

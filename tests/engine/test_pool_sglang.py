@@ -87,6 +87,9 @@ async def test_killed_server_is_restarted_with_current_weights_and_the_rollout_g
     config = SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=8192, dtype="float32")
     extra = SGLangServer(config, name="sglang-extra", log_path=tmp_path / "extra.log")
     await asyncio.to_thread(extra.start)
+    # SGLang's load-report file in /dev/shm, which its killed process group cannot unlink: stop() does
+    first_files = set(extra._shm_files)
+    assert first_files and all(Path(f).exists() for f in first_files), first_files
     clients: list[RecordingClient] = []
 
     def factory(url: str) -> RecordingClient:
@@ -120,6 +123,9 @@ async def test_killed_server_is_restarted_with_current_weights_and_the_rollout_g
             while pool.stats()[1].state != "up":
                 await asyncio.sleep(0.5)
         assert pool.stats()[1].restarts == 1
+        assert not any(Path(f).exists() for f in first_files), "the killed incarnation's /dev/shm file is left"
+        second_files = set(extra._shm_files)
+        assert second_files and not second_files & first_files
         # back with the CURRENT weights, not the ones it was started with
         assert await clients[1].weight_version() == steps == await pool.weight_version()
         assert stats.groups_queued == steps * 2 and stats.groups_failed == 0
@@ -133,6 +139,7 @@ async def test_killed_server_is_restarted_with_current_weights_and_the_rollout_g
         assert len(clients[1].inputs) > served_before, "the restarted server is back in rotation"
     finally:
         await pool.aclose()
+    assert not any(Path(f).exists() for f in second_files)
 
 
 class _Weights:
