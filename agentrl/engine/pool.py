@@ -207,6 +207,13 @@ class EnginePool:
             self._settle(up, await source.load([m.client for m in up]), f"load weights v{source.version}")
             return source.version
 
+    async def retarget(self, source: WeightSource) -> None:
+        """From now on a restarted server gets its weights from ``source``, which must hold the weights the servers
+        serve now (nothing is loaded here): e.g. the final version written to disk once the trainer that broadcast
+        it has ended."""
+        async with self._lock:
+            self._target = source
+
     async def update_weights(self, path: str, version: int) -> None:
         """Load the HF folder ``path`` as ``version`` on every server that is up (see :meth:`load_weights`)."""
         await self.load_weights(FromDisk(path, version))

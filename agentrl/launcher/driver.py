@@ -160,6 +160,7 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
             rollout_stats = await _first(rollout.run(total_groups, cfg.steps), trainers)
         await trainers.wait()
         rl_wall_s = time.monotonic() - t_rl
+        await rollout.trainer_finished(cfg.steps)  # servers restarted from here on cannot ask the trainer
         if heldout:
             evals["after"] = await _evaluate(rollout, "after", run_dir, timeline)
             _save_evals(run_dir, evals)

@@ -108,8 +108,8 @@ class WeightShare:
     start, stays fp32). distributed: rank 0 keeps the newest version in memory
     (cast to the engine's dtype: the servers cast it so anyway) and a :class:`WeightServer` thread broadcasts it
     whenever the rollout side asks (a new version, or a restarted server); nothing is written unless the rollout
-    side falls back to disk. tensor: the same, the memory shared (``/dev/shm``) and named to the servers instead of
-    broadcast."""
+    side falls back to disk, and the final version at the end of the run (:meth:`finish`). tensor: the same, the
+    memory shared (``/dev/shm``) and named to the servers instead of broadcast."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, trainer: Trainer, r0: _Rank0 | None) -> None:
         self.trainer, self.cfg = trainer, cfg
@@ -118,6 +118,7 @@ class WeightShare:
         self.distributed = ws.mode != "disk"  # held in memory (distributed or tensor)
         self.dtype = _ENGINE_DTYPES.get(cfg.engine.server.dtype)
         self.server: WeightServer | None = None
+        self.export_dir = run_dir / "weights"
         if self.distributed and r0 is not None:
             device = trainer.device
             backend = ws.backend if ws.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
@@ -130,7 +131,7 @@ class WeightShare:
             async def connect() -> SyncChannel:
                 return SyncChannel.connect(url, namespace)
 
-            self.server = WeightServer(sender, connect, export_dir=run_dir / "weights",
+            self.server = WeightServer(sender, connect, export_dir=self.export_dir,
                                        write=lambda sd, path: trainer.write_hf(dict(sd), path)).start()
             logger.info("weight sync: %s (%s), servers connect to %s", ws.mode, backend, address)
 
@@ -150,12 +151,22 @@ class WeightShare:
         if self.server is not None:
             self.server.sender.set_weights(version, sd, self.dtype)
 
-    def finish(self, final_version: int) -> None:
+    def finish(self, final_version: int) -> Path | None:
         """After the last step: answer until the rollout side serves ``final_version`` (bounded by how long its
-        last load may take: each attempt's ask, then the fallback's)."""
-        if self.server is not None:
-            ws = self.cfg.weight_sync
-            self.server.finish(final_version, timeout_s=(ws.attempts + 1) * (2 * ws.timeout_s + 30.0))
+        last load may take: each attempt's ask, then the fallback's), then write it to ``weights/v<N>`` (in the
+        engine's dtype, unless a fallback export already did): the run leaves a model a server can load, and a
+        SGLang server restarted after this process has ended loads it from there (the rollout side's
+        ``trainer_finished``). Returns that folder (rank 0 of a distributed or tensor sync), else None."""
+        if self.server is None:
+            return None
+        ws = self.cfg.weight_sync
+        self.server.finish(final_version, timeout_s=(ws.attempts + 1) * (2 * ws.timeout_s + 30.0))
+        version, tensors = self.server.sender.snapshot()
+        path = self.export_dir / f"v{version}"
+        if not (path / "config.json").exists():
+            self.trainer.write_hf(dict(tensors), path, durable=True)
+        logger.info("final weights v%d written to %s", version, path)
+        return path
 
     def close(self) -> None:
         if self.server is not None:

@@ -316,10 +316,11 @@ class Trainer:
         given; empty on other ranks. Collective."""
         return storage.full_state_dict(self._policy, dtype)
 
-    def write_hf(self, sd: dict[str, Tensor], path: str | Path, dtype: torch.dtype | None = None) -> Path:
-        """Write ``sd`` (from :meth:`full_state_dict`, maybe of an earlier version) as an HF folder. Not
-        collective: any one rank, any thread."""
-        return storage.write_hf_folder(sd, self._policy.lm.config, self._source, Path(path), dtype, durable=False)
+    def write_hf(self, sd: dict[str, Tensor], path: str | Path, dtype: torch.dtype | None = None, *,
+                 durable: bool = False) -> Path:
+        """Write ``sd`` (from :meth:`full_state_dict`, maybe of an earlier version) as an HF folder, atomically;
+        ``durable`` fsyncs it. Not collective: any one rank, any thread."""
+        return storage.write_hf_folder(sd, self._policy.lm.config, self._source, Path(path), dtype, durable=durable)
 
     def close(self) -> None:
         """Free the model and destroy the process group if this trainer created it. Idempotent."""

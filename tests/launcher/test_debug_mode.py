@@ -56,8 +56,9 @@ def test_a_tiny_run_completes_in_one_process_without_ray(tmp_path: Path, shared_
 def test_a_run_with_distributed_weight_sync_writes_no_weights_and_serves_every_version(tmp_path: Path,
                                                                                       shared_server: str) -> None:
     """weight_sync: distributed end to end (SFT's v0 and each RL version broadcast from the trainer's memory over a
-    gloo group with the real server): the run writes no weights/v<N> for RL versions and the server ends on the
-    last one."""
+    gloo group with the real server): the run writes no weights/v<N> for RL versions but the last, after the
+    server has loaded it (the run's model; a server restarted once the trainer has ended loads it), and the server
+    ends on the last one."""
     config = {
         "name": "dist", "model": "tiny", "steps": 2, "runs_dir": str(tmp_path / "runs"),
         "engine": {"url": shared_server}, "weight_sync": {"mode": "distributed", "timeout_s": 60, "bucket_mb": 2},
@@ -75,8 +76,10 @@ def test_a_run_with_distributed_weight_sync_writes_no_weights_and_serves_every_v
     run = tmp_path / "runs" / "dist"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_weight_version"] == 2 and summary["books_balanced"]
-    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0"]  # SFT's output only: RL versions stayed in memory
+    # SFT's output and the final version: the other RL versions stayed in memory
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0", "v2"]
     log = proc.stderr
+    assert "a SGLang server restarted from now on loads v2 from" in log, log[-3000:]
     for v in (0, 1, 2):
         assert f"weights v{v} broadcast to 1 server(s)" in log, log[-3000:]
     assert "the rollout side serves v2; stopping" in log, log[-3000:]  # it waited for the last load
@@ -150,7 +153,7 @@ def test_a_run_with_tensor_weight_sync_serves_every_version_from_shared_memory(t
                                                                              shared_server: str) -> None:
     """weight_sync: tensor end to end (the server on the trainer's host loads SFT's v0 and each RL version from the
     trainer's shared memory): no weights/v<N> for RL versions (a fallback to disk would write them), every version
-    offered in shared memory, the server ends on the last one."""
+    offered in shared memory, the server ends on the last one (written to disk then, as the run's model)."""
     config = {
         "name": "shm", "model": "tiny", "steps": 2, "runs_dir": str(tmp_path / "runs"),
         "engine": {"url": shared_server}, "weight_sync": {"mode": "tensor", "timeout_s": 60},
@@ -168,7 +171,9 @@ def test_a_run_with_tensor_weight_sync_serves_every_version_from_shared_memory(t
     run = tmp_path / "runs" / "shm"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_weight_version"] == 2 and summary["books_balanced"]
-    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0"]  # SFT's output only: no fallback to disk
+    # SFT's output and the final version written after the last load: no fallback to disk
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0", "v2"]
+    assert "final weights v2 written to" in proc.stderr, proc.stderr[-3000:]
     for v in (0, 1, 2):
         assert f"weights v{v} offered in shared memory to 1 server(s)" in proc.stderr, proc.stderr[-3000:]
     assert "the rollout side serves v2; stopping" in proc.stderr, proc.stderr[-3000:]  # it waited for the last load

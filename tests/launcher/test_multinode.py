@@ -240,10 +240,12 @@ def test_two_nodes_rollout_without_the_run_directory(cluster, tmp_path: Path) ->
     ledger = [json.loads(x) for x in (private / "logs" / "processes.jsonl").read_text().splitlines()]
     assert sorted(r["name"] for r in ledger) == ["sglang-0", "sglang-1"]  # started there, recorded there
     assert {"rollout.log", "sglang-0.log", "sglang-1.log"} <= {p.name for p in (private / "logs").iterdir()}
-    # the rollout node never saw weights/ (nothing of the trainer's directory), and no RL version was written:
-    # v1 and v2 reached both servers by broadcast only (the disk fallback would have written them)
+    # the rollout node never saw weights/ (nothing of the trainer's directory), and no RL version was written but
+    # the final one, after the servers had it: v1 and v2 reached both servers by broadcast only (the disk fallback
+    # would have written v1 too); the rollout side says a server restarted after the trainer could not get v2
     assert not (private / "weights").exists() and (private / "rollouts.jsonl").exists()
-    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0"]
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v0", "v2"]
+    assert "a SGLang server restarted from now on cannot get weights v2" in err, err[-4000:]
     # what the controller holds came over Ray or Redis, not through files of the rollout node
     mine = {p.name for p in (run / "logs").iterdir()}
     assert {"trainer-0.log", "trainer-1.log"} <= mine and not mine & {"rollout.log", "sglang-0.log", "processes.jsonl"}
