@@ -342,21 +342,20 @@ class RolloutWorker:
         someone else's (debug mode: the controller reports it)."""
         return self.memory.report() if self._own_memory else None
 
-    async def trainer_finished(self, version: int) -> bool:
+    async def trainer_finished(self, version: int) -> None:
         """The trainer has ended on ``version``: with a distributed or tensor weight sync a server restarted from
         now on cannot ask it for weights, so it loads the folder the trainer wrote last (``weights/v<version>``)
-        if this node can read it. False if it cannot (no shared run directory): a server restarted now stays out
-        of rotation."""
+        if this node can read it. If it cannot (no shared run directory), the log says so: a server restarted now
+        stays out of rotation."""
         if self.cfg.weight_sync.mode == "disk" or self.client is None:
-            return True
+            return
         path = self.run_dir / "weights" / f"v{version}"
         if not (path / "config.json").exists():
             logger.warning("the trainer has ended and %s is not readable here: a SGLang server restarted from now "
                            "on cannot get weights v%d", path, version)
-            return False
+            return
         await self.client.retarget(FromDisk(str(path), version))
         logger.info("the trainer has ended: a SGLang server restarted from now on loads v%d from %s", version, path)
-        return True
 
     async def queue_length(self) -> int:
         return (await self.queue.stats()).length

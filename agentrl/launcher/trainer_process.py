@@ -151,22 +151,21 @@ class WeightShare:
         if self.server is not None:
             self.server.sender.set_weights(version, sd, self.dtype)
 
-    def finish(self, final_version: int) -> Path | None:
+    def finish(self, final_version: int) -> None:
         """After the last step: answer until the rollout side serves ``final_version`` (bounded by how long its
         last load may take: each attempt's ask, then the fallback's), then write it to ``weights/v<N>`` (in the
         engine's dtype, unless a fallback export already did): the run leaves a model a server can load, and a
         SGLang server restarted after this process has ended loads it from there (the rollout side's
-        ``trainer_finished``). Returns that folder (rank 0 of a distributed or tensor sync), else None."""
+        ``trainer_finished``). Rank 0 of a distributed or tensor sync; a no-op elsewhere."""
         if self.server is None:
-            return None
+            return
         ws = self.cfg.weight_sync
         self.server.finish(final_version, timeout_s=(ws.attempts + 1) * (2 * ws.timeout_s + 30.0))
         version, tensors = self.server.sender.snapshot()
         path = self.export_dir / f"v{version}"
-        if not (path / "config.json").exists():
+        if not intact_hf_folder(path):
             self.trainer.write_hf(dict(tensors), path, durable=True)
         logger.info("final weights v%d written to %s", version, path)
-        return path
 
     def close(self) -> None:
         if self.server is not None:
