@@ -69,3 +69,63 @@ def test_the_trainer_setting_accepts_never_or_a_threshold() -> None:
 def test_threshold_above_glibc_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="above glibc's limit of 32768 KiB"):
         set_mmap_threshold(65536)
+
+
+JEMALLOC_PROBE = textwrap.dedent(
+    """
+    import logging, sys
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import torch
+    from agentrl import heap
+    x = torch.ones(64 * 2**20 // 4); del x  # a large tensor allocated and freed by whichever malloc is loaded
+    print(heap.jemalloc_loaded(), heap.configure("never", sys.argv[1]))
+    """
+)
+
+
+def _probe_with(env: dict[str, str], malloc: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-c", JEMALLOC_PROBE, malloc], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_jemalloc_preloaded_serves_the_process_and_glibc_settings_are_skipped():
+    from agentrl.heap import preload_env
+
+    env = preload_env("jemalloc")  # Ray's wheel ships the library: always found in the test environment
+    assert env["LD_PRELOAD"].endswith(".so") or ".so:" in env["LD_PRELOAD"]
+    done = _probe_with(env, "jemalloc")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False"]  # jemalloc mapped; no mallopt applied
+    assert "jemalloc serves this process's heap" in done.stderr
+    assert preload_env("glibc") == {}
+
+
+def test_asking_for_jemalloc_without_it_warns_and_keeps_glibc_settings():
+    done = _probe_with({}, "jemalloc")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True"]  # glibc's heap, never_map applied
+    assert "started without it" in done.stderr
+
+
+def test_malloc_key_is_validated():
+    from pydantic import ValidationError
+
+    from agentrl.trainer.config import TrainerConfig
+
+    assert TrainerConfig(model="m").malloc == "glibc"
+    with pytest.raises(ValidationError, match="malloc"):
+        TrainerConfig(model="m", malloc="tcmalloc")
+
+
+def test_preflight_names_a_missing_jemalloc(monkeypatch):
+    from agentrl import heap
+    from agentrl.errors import ConfigError
+    from agentrl.launcher.config import load_config
+    from agentrl.launcher.preflight import check_run
+
+    monkeypatch.setattr(heap, "jemalloc_path", lambda: None)
+    cfg = load_config(None, ["trainer.malloc=jemalloc"])
+    with pytest.raises(ConfigError, match="no jemalloc library found"):
+        check_run(cfg)

@@ -2,7 +2,7 @@
 CPU (tiny model), the trainer process (cold-start SFT, then GRPO with FSDP2) and the local sandbox; two RL steps;
 SGLang serves version 2 at the end; every process is stopped, also on Ctrl-C. Two held-out problems are evaluated
 before and after SFT, after RL and during RL at every version (`data.heldout_every=1`: the rollout actor serves
-the evaluation while its `run` goes on)."""
+the evaluation while its `run` goes on). The trainer rank allocates with jemalloc (`trainer.malloc`), preloaded by Ray."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def smoke_driver(tmp_path_factory) -> tuple[Path, int]:
     runs = tmp_path_factory.mktemp("runs")
     proc = subprocess.Popen(
         [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=smoke", "engine.record_requests=true",
-         "rollout.skip_solved_window=1", *HELDOUT],
+         "rollout.skip_solved_window=1", "trainer.malloc=jemalloc", *HELDOUT],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -139,6 +139,13 @@ def test_summary_accounts_for_the_memory_of_every_process(smoke_run: Path):
     assert memory["sum_of_peaks_gb"] == pytest.approx(sum(per.values()), abs=0.01)
     assert memory["processes"] >= 6 and memory["interval_s"] == 1.0
     assert "peak memory: " in (smoke_run / "report.md").read_text()
+
+
+def test_the_trainer_process_allocates_with_jemalloc(smoke_run: Path):
+    """``trainer.malloc=jemalloc``: Ray started the trainer rank's process with the library preloaded."""
+    log = (smoke_run / "logs" / "trainer-0.log").read_text()
+    assert "jemalloc serves this process's heap" in log
+    assert "started without it" not in log
 
 
 def test_every_process_was_stopped(smoke_driver: tuple[Path, int]):

@@ -30,6 +30,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from agentrl import heap
 from agentrl.errors import InfrastructureError, TrainerError
 from agentrl.launcher.config import RunConfig
 from agentrl.launcher.cores import pin_to_cores
@@ -340,8 +341,11 @@ class TrainerGroup:
         r = self.cfg.resources
         world = r.trainer_world_size
         self.refs = []
+        # an allocator is chosen at a process's start: the ranks' processes are Ray's workers, started for this env
+        preload = heap.preload_env(self.cfg.trainer.malloc)
         self.actors = [self.cls.options(num_cpus=r.trainer_num_cpus, num_gpus=r.trainer_num_gpus,
                                         resources=r.trainer_resources or None,
+                                        runtime_env={"env_vars": preload} if preload else None,
                                         name=f"trainer-{self.cfg.name}-{rank}-{self.restarts}").remote(
             self.cfg, str(self.run_dir), rank, r.trainer_cores) for rank in range(world)]
         self.node_ids = list(await asyncio.gather(*(a.node_id.remote() for a in self.actors)))

@@ -12,6 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from agentrl import heap
 from agentrl.env import default_registry
 from agentrl.env.registry import load_imports
 from agentrl.errors import ConfigError, closest
@@ -56,6 +57,10 @@ def check_run(cfg: RunConfig) -> Path:
     check_data(cfg)
     _check_sft_family(cfg)
     check_trackers(cfg.monitor.wandb, cfg.monitor.trackio)
+    try:
+        heap.preload_env(cfg.trainer.malloc)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return resolve_model(cfg.model)  # last: the first use of a bundled model builds it (seconds)
 
 

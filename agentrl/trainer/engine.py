@@ -96,7 +96,7 @@ class Trainer:
         self.before_micro_batch: Callable[[], None] | None = None
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        heap.configure(config.mmap_threshold_kb)  # process-wide, before any model is allocated
+        heap.configure(config.mmap_threshold_kb, config.malloc)  # process-wide, before any model is allocated
         torch.manual_seed(config.seed)
         self._dist: DistInfo = init_distributed(config.device)
         self._source = Path(config.model)
