@@ -120,12 +120,22 @@ def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
     return {"LD_PRELOAD": f"{path}:{preload}" if preload else str(path)}
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
 def jemalloc_loaded() -> bool:
-    """Whether jemalloc serves this process's ``malloc`` (it is mapped into the process: preloaded at its start)."""
+    """Whether jemalloc serves this process's ``malloc``: the library the process's ``malloc`` symbol resolves to
+    (a library merely mapped, e.g. linked privately into an extension, serves nothing)."""
     try:
-        return "jemalloc" in Path("/proc/self/maps").read_text()
-    except OSError:
+        process = ctypes.CDLL(None)
+        info = _DlInfo()
+        if not process.dladdr(ctypes.cast(process.malloc, ctypes.c_void_p), ctypes.byref(info)):
+            return False
+    except (OSError, AttributeError):
         return False
+    return b"jemalloc" in (info.dli_fname or b"")
 
 
 def configure(setting: int | str, malloc: Literal["glibc", "jemalloc"] = "glibc") -> bool:
