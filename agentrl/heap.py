@@ -7,9 +7,11 @@ each mapped block freed, up to 32 MiB: after a trainer's first step, activations
 are carved from the heap, which can fragment as micro-batch shapes change from step to step. Fixing the
 threshold (which also turns the rise off) maps every block at or above it that the heap cannot serve from its free
 space, and returns the heap's free top above twice the threshold; the cost is a mapping and its page faults per
-large tensor. Measured on the demo's trainer (benchmarks/trainer_memory.py, docs/results.md): ~0.2 GB less at its
-peak; CPU cost none seen on an AMX Xeon, but on an AVX2 EPYC a quarter of the step's CPU time went to the kernel
-(7 million page faults a step: every activation and gathered weight is fresh memory).
+large tensor. Measured on the demo's trainer (docs/results.md): over RL steps alone (benchmarks/trainer_memory.py)
+~0.2 GB less at its peak, with CPU cost none seen on an AMX Xeon but a quarter of the step's CPU time in the kernel
+on an AVX2 EPYC (7 million page faults a step: every activation and gathered weight is fresh memory); over
+cold-start SFT steps then RL steps, as in the demo, 1.2 GB less (SFT's longer micro-batches set glibc's peak) at
+~35 % more CPU a step on a Xeon without AMX.
 
 :func:`never_map` is the other way, the trainer's default: no block gets a mapping, freed memory stays in the heap
 and is reused by the next micro-batch without a page fault (only a free top above 2 GiB is returned). The process's
@@ -24,7 +26,8 @@ see ``engine.env``); elsewhere (musl, macOS) nothing is changed.
 to the kernel ~10 s after they were last used) fragment less than glibc's heap: on the demo's trainer (SFT then RL
 steps, one core each, docs/results.md) its peak was that of the 1 MiB threshold (full fine-tuning 5.65 GB, LoRA
 2.27, against 6.88 and 3.48 with ``never``) at ~10 % more CPU a step where the threshold cost ~35 %. With purging
-off (``MALLOC_CONF=dirty_decay_ms:-1``) the same trainer grew past 21 GB: do not turn it off.
+off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB: do not turn it
+off.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -89,7 +92,8 @@ def never_map() -> bool:
 
 def jemalloc_path() -> Path | None:
     """The jemalloc shared library to preload: the one in Ray's wheel (a dependency, so present wherever agentrl is),
-    else the system's (Debian's ``libjemalloc2``, which ``redis-server`` pulls in); None if neither exists."""
+    else the system's (Debian's ``libjemalloc2``, which ``redis-server`` pulls in): its path where found in a usual
+    library folder, else its bare name (the dynamic loader then searches its own paths); None if neither exists."""
     try:
         import ray
 
@@ -98,26 +102,40 @@ def jemalloc_path() -> Path | None:
             return bundled
     except ImportError:
         pass
-    name = ctypes.util.find_library("jemalloc")
-    if name:
-        for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
-            if (Path(folder) / name).is_file():
-                return Path(folder) / name
-    return None
+    name = ctypes.util.find_library("jemalloc")  # found through ldconfig's cache: the loader will find it too
+    if not name:
+        return None
+    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+                   "/usr/local/lib"):
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return Path(name)
 
 
 def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
-    """The environment a process must start with to allocate with ``malloc`` (empty for glibc). Raises ValueError
-    if jemalloc is asked for and none is found (checked before any process starts)."""
+    """The environment a process must start with to allocate with ``malloc`` (empty for glibc): ``LD_PRELOAD`` of
+    the jemalloc library alone (Ray does not pass the controller's own ``LD_PRELOAD`` to its workers either, and a
+    second allocator preloaded beside it would split the process's heap between two). Raises ValueError where
+    that cannot work, checked before any process starts: no library, a path the loader would split (it takes
+    spaces and colons as separators, with no escape; Ray expands ``$`` in its env vars), not Linux."""
     if malloc == "glibc":
         return {}
+    if malloc != "jemalloc":
+        raise ValueError(f"trainer.malloc: expected glibc or jemalloc, got {malloc!r}")
+    if not sys.platform.startswith("linux"):
+        raise ValueError(f"trainer.malloc=jemalloc preloads the library with LD_PRELOAD, which only Linux's loader "
+                         f"reads (this is {sys.platform}): set trainer.malloc=glibc")
     path = jemalloc_path()
     if path is None:
         raise ValueError("trainer.malloc=jemalloc: no jemalloc library found (expected ray/core/libjemalloc.so in "
                          "Ray's wheel or the system's libjemalloc.so.2): install libjemalloc2, or set "
                          "trainer.malloc=glibc")
-    preload = os.environ.get("LD_PRELOAD", "")
-    return {"LD_PRELOAD": f"{path}:{preload}" if preload else str(path)}
+    bad = sorted({c for c in str(path) if c.isspace() or c in ":$"})
+    if bad:
+        raise ValueError(f"trainer.malloc=jemalloc: the library's path {str(path)!r} holds {bad!r}, which "
+                         "LD_PRELOAD cannot carry (the loader splits on spaces and colons): install agentrl in a "
+                         "folder without them, or set trainer.malloc=glibc")
+    return {"LD_PRELOAD": str(path)}
 
 
 class _DlInfo(ctypes.Structure):

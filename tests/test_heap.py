@@ -94,12 +94,44 @@ def test_jemalloc_preloaded_serves_the_process_and_glibc_settings_are_skipped():
     from agentrl.heap import preload_env
 
     env = preload_env("jemalloc")  # Ray's wheel ships the library: always found in the test environment
-    assert env["LD_PRELOAD"].endswith(".so") or ".so:" in env["LD_PRELOAD"]
+    assert "jemalloc" in env["LD_PRELOAD"] and ":" not in env["LD_PRELOAD"]
     done = _probe_with(env, "jemalloc")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "False"]  # jemalloc mapped; no mallopt applied
+    assert done.stdout.split() == ["True", "False"]  # malloc is jemalloc's; no mallopt applied
     assert "jemalloc serves this process's heap" in done.stderr
     assert preload_env("glibc") == {}
+
+
+def test_jemalloc_loaded_privately_serves_nothing():
+    """A jemalloc mapped into the process without interposing (``dlopen`` is ``RTLD_LOCAL``) is not its ``malloc``."""
+    from agentrl.heap import jemalloc_path
+
+    probe = ("import ctypes, sys; from agentrl import heap; before = heap.jemalloc_loaded(); "
+             "ctypes.CDLL(sys.argv[1]); print(before, heap.jemalloc_loaded(), "
+             "sys.argv[1] in open('/proc/self/maps').read())")
+    import os
+
+    # jemalloc's TLS is initial-exec: dlopen needs room for it in the static TLS block, which this tunable gives
+    env = {**os.environ, "GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=65536"}
+    done = subprocess.run([sys.executable, "-c", probe, str(jemalloc_path())], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False", "True"]  # mapped, yet glibc's malloc serves the process
+
+
+def test_preload_env_carries_the_library_alone_and_refuses_paths_the_loader_would_split(monkeypatch, tmp_path):
+    from agentrl import heap
+
+    monkeypatch.setenv("LD_PRELOAD", "/opt/profiler/libprof.so")  # the controller's own: not the ranks' business
+    assert heap.preload_env("jemalloc")["LD_PRELOAD"] == str(heap.jemalloc_path())
+    for name in ("my libs", "a:b", "$HOME"):
+        folder = tmp_path / name
+        folder.mkdir()
+        monkeypatch.setattr(heap, "jemalloc_path", lambda f=folder: f / "libjemalloc.so")
+        with pytest.raises(ValueError, match="LD_PRELOAD cannot carry"):
+            heap.preload_env("jemalloc")
+    with pytest.raises(ValueError, match="expected glibc or jemalloc, got 'tcmalloc'"):
+        heap.preload_env("tcmalloc")  # type: ignore[arg-type]
 
 
 def test_asking_for_jemalloc_without_it_warns_and_keeps_glibc_settings():
@@ -112,11 +144,14 @@ def test_asking_for_jemalloc_without_it_warns_and_keeps_glibc_settings():
 def test_malloc_key_is_validated():
     from pydantic import ValidationError
 
-    from agentrl.trainer.config import TrainerConfig
+    from agentrl.trainer.config import TrainerConfig, TrainerSettings
 
     assert TrainerConfig(model="m").malloc == "glibc"
     with pytest.raises(ValidationError, match="malloc"):
         TrainerConfig(model="m", malloc="tcmalloc")
+    with pytest.raises(ValidationError, match="mmap_threshold_kb 1024 shapes glibc's heap"):
+        TrainerConfig(model="m", malloc="jemalloc", mmap_threshold_kb=1024)
+    assert TrainerSettings(malloc="jemalloc").for_model("n").malloc == "jemalloc"  # the run's settings carry over
 
 
 def test_preflight_names_a_missing_jemalloc(monkeypatch):
@@ -129,3 +164,16 @@ def test_preflight_names_a_missing_jemalloc(monkeypatch):
     cfg = load_config(None, ["trainer.malloc=jemalloc"])
     with pytest.raises(ConfigError, match="no jemalloc library found"):
         check_run(cfg)
+
+
+def test_preflight_in_debug_mode_warns_instead_of_looking_for_the_library(monkeypatch, caplog):
+    """Debug mode runs the trainer in the controller's process, started before any preload could be chosen."""
+    from agentrl import heap
+    from agentrl.launcher.config import load_config
+    from agentrl.launcher.preflight import check_run
+
+    monkeypatch.setattr(heap, "jemalloc_path", lambda: None)
+    cfg = load_config(None, ["trainer.malloc=jemalloc", "resources.ray=false"])
+    with caplog.at_level("WARNING", logger="agentrl.launcher.preflight"):
+        check_run(cfg)
+    assert "debug mode (ray: false) runs the trainer in this process" in caplog.text

@@ -291,6 +291,10 @@ def _actor_classes() -> tuple[Any, Any]:
         def node_id(self) -> str:
             return _node_id()
 
+        def on_jemalloc(self) -> bool:
+            """Whether this rank's process allocates with jemalloc (``trainer.malloc``)."""
+            return heap.jemalloc_loaded()
+
         def rendezvous(self) -> tuple[str, int]:
             """Where the ranks meet when this is rank 0: this node's IP and a TCP port free on it now."""
             import ray
@@ -350,6 +354,15 @@ class TrainerGroup:
             self.cfg, str(self.run_dir), rank, r.trainer_cores) for rank in range(world)]
         self.node_ids = list(await asyncio.gather(*(a.node_id.remote() for a in self.actors)))
         self.pids = list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
+        if preload:  # the library's path is the controller's: a node installed elsewhere starts the rank on glibc
+            on = await asyncio.gather(*(a.on_jemalloc.remote() for a in self.actors))
+            off = [rank for rank, yes in enumerate(on) if not yes]
+            if off:
+                logger.warning("trainer.malloc=jemalloc: rank(s) %s started without it (%s was not found or not "
+                               "loadable on their node): glibc's heap serves them; see logs/trainer-<rank>.log",
+                               ", ".join(map(str, off)), preload["LD_PRELOAD"])
+            else:
+                logger.info("trainer ranks allocate with jemalloc (%s)", preload["LD_PRELOAD"])
         address, port = await self.actors[0].rendezvous.remote()
         for rank, actor in enumerate(self.actors):
             env = {"AGENTRL_REDIS_URL": self.redis_url, "RANK": str(rank), "WORLD_SIZE": str(world),

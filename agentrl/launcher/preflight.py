@@ -9,6 +9,7 @@ exists and holds the keys it needs; the configured experiment trackers can be im
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from agentrl.launcher.config import RunConfig
 from agentrl.launcher.resources import check_data
 from agentrl.launcher.trackers import check_trackers
 from agentrl.models import resolve_model
+
+logger = logging.getLogger(__name__)
 
 
 def did_you_mean(word: str, choices: list[str]) -> str:
@@ -57,10 +60,16 @@ def check_run(cfg: RunConfig) -> Path:
     check_data(cfg)
     _check_sft_family(cfg)
     check_trackers(cfg.monitor.wandb, cfg.monitor.trackio)
-    try:
-        heap.preload_env(cfg.trainer.malloc)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    if cfg.trainer.malloc == "jemalloc" and not cfg.resources.ray:
+        if not heap.jemalloc_loaded():
+            logger.warning("trainer.malloc=jemalloc: debug mode (ray: false) runs the trainer in this process, "
+                           "which started on glibc's allocator: the setting does not apply (start the process with "
+                           "the library in LD_PRELOAD to have it)")
+    else:
+        try:
+            heap.preload_env(cfg.trainer.malloc)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return resolve_model(cfg.model)  # last: the first use of a bundled model builds it (seconds)
 
 

@@ -170,8 +170,9 @@ class TrainerSettings(_Strict):
     logits_chunk_tokens: int | None = Field(default=1024, gt=0)
     # CPU (glibc) heap: "never" (the default) serves every tensor from the heap and reuses freed memory without
     # page faults (RSS stays at its peak); a number: tensors of this many KiB or more get their own mapping,
-    # returned to the OS when freed (~0.2 GB lower peak, a page fault per 4 KiB of every large tensor: a quarter
-    # of the fp32 step on an AVX2 EPYC); 0: glibc's default (a threshold that rises to 32 MiB). agentrl.heap
+    # returned to the OS when freed (1024: ~0.2 GB lower peak over RL steps, 1.2 GB over the demo's SFT then RL
+    # steps; a page fault per 4 KiB of every large tensor: a quarter to a third more CPU a step); 0: glibc's default
+    # (a threshold that rises to 32 MiB). Not with malloc: jemalloc. agentrl.heap
     mmap_threshold_kb: Literal["never"] | Annotated[int, Field(ge=0, le=32768)] = "never"
     # the trainer ranks' allocator: glibc (the default, shaped by mmap_threshold_kb) or jemalloc, preloaded into
     # each rank's process at its start (Ray mode; its library from Ray's wheel): the 1 MiB threshold's lower peak
@@ -182,6 +183,13 @@ class TrainerSettings(_Strict):
         default=None, ge=1
     )  # torch intra-op threads of this process (None: leave as is)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _heap_setting_fits_allocator(self) -> TrainerSettings:
+        if self.malloc == "jemalloc" and self.mmap_threshold_kb != "never":
+            raise ValueError(f"mmap_threshold_kb {self.mmap_threshold_kb} shapes glibc's heap, which serves nothing "
+                             "with malloc: jemalloc: leave it unset, or set malloc: glibc")
+        return self
 
     def for_model(self, model: str) -> TrainerConfig:
         """These settings for the trainer of ``model``."""
