@@ -202,7 +202,7 @@ def test_every_engine_knob_is_set_from_yaml(owner, part):
 
 
 #: values other than the default for the trainer's keys where _other's rule does not apply
-TRAINER_OTHER = {"ref_model": "/models/ref", "layout": "padded", "dtype": "bf16", "activation_checkpointing": "auto",
+TRAINER_OTHER = {"ref_model": "/models/ref", "malloc": "jemalloc", "layout": "padded", "dtype": "bf16", "activation_checkpointing": "auto",
                  "device": "cpu", "num_threads": 2, "logits_chunk_tokens": 256, "betas": [0.8, 0.9],
                  "schedule": "cosine", "total_steps": 10, "grad_clip": 0.5, "advantage": "rloo",
                  "loss_agg": "seq_mean_token_mean", "token_sum_norm": None, "correction": "tis", "proximal": "current",
