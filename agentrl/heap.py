@@ -92,8 +92,8 @@ def never_map() -> bool:
 
 def jemalloc_path() -> Path | None:
     """The jemalloc shared library to preload: the one in Ray's wheel (a dependency, so present wherever agentrl is),
-    else the system's (Debian's ``libjemalloc2``, which ``redis-server`` pulls in): its path where found in a usual
-    library folder, else its bare name (the dynamic loader then searches its own paths); None if neither exists."""
+    else the system's (Debian's ``libjemalloc2``, which ``redis-server`` pulls in) by its bare name, which the
+    dynamic loader finds where ``find_library`` did (ldconfig's cache); None if neither exists."""
     try:
         import ray
 
@@ -102,14 +102,8 @@ def jemalloc_path() -> Path | None:
             return bundled
     except ImportError:
         pass
-    name = ctypes.util.find_library("jemalloc")  # found through ldconfig's cache: the loader will find it too
-    if not name:
-        return None
-    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
-                   "/usr/local/lib"):
-        if (Path(folder) / name).is_file():
-            return Path(folder) / name
-    return Path(name)
+    name = ctypes.util.find_library("jemalloc")
+    return Path(name) if name else None
 
 
 def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
