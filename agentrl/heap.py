@@ -22,12 +22,15 @@ glibc only (``MALLOC_MMAP_THRESHOLD_`` in the environment does the same for a wh
 see ``engine.env``); elsewhere (musl, macOS) nothing is changed.
 
 ``trainer.malloc: jemalloc`` replaces glibc's allocator in the trainer ranks' processes (preloaded at their start:
-:func:`preload_env`; Ray's wheel ships the library). Its size classes and decay-based purging (freed pages go back
-to the kernel ~10 s after they were last used) fragment less than glibc's heap: on the demo's trainer (SFT then RL
-steps, one core each, docs/results.md) its peak was that of the 1 MiB threshold (full fine-tuning 5.65 GB, LoRA
-2.27, against 6.88 and 3.48 with ``never``) at ~10 % more CPU a step where the threshold cost ~35 %. With purging
-off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB: do not turn it
-off.
+:func:`preload_env`; Ray's wheel ships the library); ``auto``, the default, does so wherever it can
+(:func:`choose`). Its size classes and decay-based purging (freed pages go back to the kernel ~10 s after they were
+last used) fragment less than glibc's heap: on the demo's trainer (SFT then RL steps, one core each,
+docs/results.md) its peak was that of the 1 MiB threshold (fp32 full fine-tuning 5.65 GB, LoRA 2.27, against 6.88
+and 3.48 with ``never``) at ~10 % more CPU a step where the threshold cost ~35 %. In bf16 glibc's heap does not
+level off: 10 RL steps of changing shapes grew it to 8.8 GB and growing (4.0 GB over its first step), jemalloc's to
+5.4 GB (1.7 over its first, level after the sixth), for 6 % more CPU a step, with the same 2.5 GB of live tensors
+in both. With purging off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB:
+do not turn it off.
 """
 
 from __future__ import annotations
@@ -132,6 +135,26 @@ def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
     return {"LD_PRELOAD": str(path)}
 
 
+def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int | str, *,
+           separate_process: bool) -> tuple[Literal["glibc", "jemalloc"], str]:
+    """The allocator the trainer ranks start with, and why. ``auto`` takes jemalloc where it can be preloaded: the
+    ranks run in processes of their own (Ray mode; debug mode runs the trainer in the controller's process, already
+    started), the library is found and :func:`preload_env` accepts it, and ``mmap_threshold_kb`` is left at
+    ``never`` (a number asks to shape glibc's heap); else glibc. ``glibc`` and ``jemalloc`` are taken as given
+    (:func:`preload_env` refuses a jemalloc that cannot work)."""
+    if malloc != "auto":
+        return malloc, "trainer.malloc"
+    if not separate_process:
+        return "glibc", "debug mode runs the trainer in this process, started on glibc's allocator"
+    if mmap_threshold_kb != "never":
+        return "glibc", f"trainer.mmap_threshold_kb {mmap_threshold_kb} shapes glibc's heap"
+    try:
+        preload_env("jemalloc")
+    except ValueError as exc:
+        return "glibc", str(exc)
+    return "jemalloc", "auto"
+
+
 class _DlInfo(ctypes.Structure):
     _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
                 ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
@@ -150,7 +173,7 @@ def jemalloc_loaded() -> bool:
     return b"jemalloc" in (info.dli_fname or b"")
 
 
-def configure(setting: int | str, malloc: Literal["glibc", "jemalloc"] = "glibc") -> bool:
+def configure(setting: int | str, malloc: Literal["auto", "glibc", "jemalloc"] = "glibc") -> bool:
     """``trainer.mmap_threshold_kb``: ``"never"`` (:func:`never_map`), or a threshold in KiB
     (:func:`set_mmap_threshold`; 0 leaves glibc's default). Under jemalloc (``trainer.malloc``) glibc's heap serves
     nothing and nothing is set; a process that asked for jemalloc and does not have it is told so."""

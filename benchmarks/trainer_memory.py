@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import statistics
@@ -36,6 +37,7 @@ from typing import Any
 
 from _common import environment, last_line, peak_rss_gb  # this folder's
 
+from agentrl.heap import preload_env
 from agentrl.types import FinishReason, Trajectory
 
 
@@ -95,7 +97,8 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     cfg = TrainerConfig.model_validate({
         "model": str(resolve_model(args.model)), "dtype": args.dtype, "layout": "shared_prefix",
-        "micro_batch_tokens": 1024, "mmap_threshold_kb": args.worker,
+        "micro_batch_tokens": 1024, "mmap_threshold_kb": "never" if args.worker == "jemalloc" else args.worker,
+        "malloc": "jemalloc" if args.worker == "jemalloc" else "glibc",
         "optimizer": {"lr": 1e-6, "grad_clip": 1.0},
         "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3", "correction": "decoupled"}})
     hwm, cpu, live = [], [], []
@@ -114,7 +117,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _setting(text: str) -> int | str:
-    return text if text == "never" else int(text)
+    return text if text in ("never", "jemalloc") else int(text)
 
 
 def main() -> None:
@@ -125,7 +128,8 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
     ap.add_argument("--thresholds", type=_setting, nargs="+", default=[1024, "never"],
-                    help="trainer.mmap_threshold_kb values: KiB (0: glibc's default) or never")
+                    help="trainer.mmap_threshold_kb values: KiB (0: glibc's default) or never; or jemalloc "
+                         "(trainer.malloc: jemalloc, preloaded into that worker as the launcher does)")
     ap.add_argument("--quick", action="store_true", help="the tiny model, 3 steps of 2 x 2: checks the script runs")
     ap.add_argument("--worker", type=_setting, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -137,7 +141,8 @@ def main() -> None:
     env = environment(dtype=args.dtype, packages=("torch", "transformers"))
     base = [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--groups",
             str(args.groups), "--group-size", str(args.group_size), "--dtype", args.dtype]
-    procs = {kib: subprocess.Popen([*base, "--worker", str(kib)], stdout=subprocess.PIPE, text=True)
+    procs = {kib: subprocess.Popen([*base, "--worker", str(kib)], stdout=subprocess.PIPE, text=True,
+                                   env={**os.environ, **preload_env("jemalloc" if kib == "jemalloc" else "glibc")})
              for kib in args.thresholds}
     results: dict[int | str, dict[str, Any]] = {}
     for kib, p in procs.items():

@@ -146,7 +146,8 @@ def test_malloc_key_is_validated():
 
     from agentrl.trainer.config import TrainerConfig, TrainerSettings
 
-    assert TrainerConfig(model="m").malloc == "glibc"
+    assert TrainerConfig(model="m").malloc == "auto"
+    assert TrainerConfig(model="m", mmap_threshold_kb=1024).malloc == "auto"  # auto then chooses glibc
     with pytest.raises(ValidationError, match="malloc"):
         TrainerConfig(model="m", malloc="tcmalloc")
     with pytest.raises(ValidationError, match="mmap_threshold_kb 1024 shapes glibc's heap"):
@@ -177,3 +178,28 @@ def test_preflight_in_debug_mode_warns_instead_of_looking_for_the_library(monkey
     with caplog.at_level("WARNING", logger="agentrl.launcher.preflight"):
         check_run(cfg)
     assert "debug mode (ray: false) runs the trainer in this process" in caplog.text
+
+
+def test_auto_chooses_jemalloc_only_where_it_can_be_preloaded(monkeypatch):
+    from agentrl import heap
+
+    assert heap.choose("auto", "never", separate_process=True) == ("jemalloc", "auto")
+    malloc, why = heap.choose("auto", "never", separate_process=False)
+    assert malloc == "glibc" and "debug mode" in why
+    malloc, why = heap.choose("auto", 1024, separate_process=True)
+    assert malloc == "glibc" and "mmap_threshold_kb 1024 shapes glibc's heap" in why
+    assert heap.choose("glibc", "never", separate_process=True) == ("glibc", "trainer.malloc")
+    assert heap.choose("jemalloc", "never", separate_process=True) == ("jemalloc", "trainer.malloc")
+    monkeypatch.setattr(heap, "jemalloc_path", lambda: None)
+    malloc, why = heap.choose("auto", "never", separate_process=True)
+    assert malloc == "glibc" and "no jemalloc library found" in why
+
+
+def test_preflight_with_auto_and_no_library_goes_on_with_glibc(monkeypatch):
+    """``auto`` never stops a run: without the library the ranks start on glibc (TrainerGroup.start logs why)."""
+    from agentrl import heap
+    from agentrl.launcher.config import load_config
+    from agentrl.launcher.preflight import check_run
+
+    monkeypatch.setattr(heap, "jemalloc_path", lambda: None)
+    check_run(load_config(None, []))

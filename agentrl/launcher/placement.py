@@ -346,7 +346,10 @@ class TrainerGroup:
         world = r.trainer_world_size
         self.refs = []
         # an allocator is chosen at a process's start: the ranks' processes are Ray's workers, started for this env
-        preload = heap.preload_env(self.cfg.trainer.malloc)
+        malloc, why = heap.choose(self.cfg.trainer.malloc, self.cfg.trainer.mmap_threshold_kb, separate_process=True)
+        if malloc == "glibc" and self.cfg.trainer.malloc == "auto":
+            logger.info("trainer.malloc auto: glibc (%s)", why)
+        preload = heap.preload_env(malloc)
         self.actors = [self.cls.options(num_cpus=r.trainer_num_cpus, num_gpus=r.trainer_num_gpus,
                                         resources=r.trainer_resources or None,
                                         runtime_env={"env_vars": preload} if preload else None,
@@ -358,11 +361,12 @@ class TrainerGroup:
             on = await asyncio.gather(*(a.on_jemalloc.remote() for a in self.actors))
             off = [rank for rank, yes in enumerate(on) if not yes]
             if off:
-                logger.warning("trainer.malloc=jemalloc: rank(s) %s started without it (%s was not found or not "
+                logger.warning("trainer.malloc %s: rank(s) %s started without jemalloc (%s was not found or not "
                                "loadable on their node): glibc's heap serves them; see logs/trainer-<rank>.log",
-                               ", ".join(map(str, off)), preload["LD_PRELOAD"])
+                               self.cfg.trainer.malloc, ", ".join(map(str, off)), preload["LD_PRELOAD"])
             else:
-                logger.info("trainer ranks allocate with jemalloc (%s)", preload["LD_PRELOAD"])
+                logger.info("trainer ranks allocate with jemalloc (%s; trainer.malloc %s)", preload["LD_PRELOAD"],
+                            self.cfg.trainer.malloc)
         address, port = await self.actors[0].rendezvous.remote()
         for rank, actor in enumerate(self.actors):
             env = {"AGENTRL_REDIS_URL": self.redis_url, "RANK": str(rank), "WORLD_SIZE": str(world),

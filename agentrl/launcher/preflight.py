@@ -65,7 +65,7 @@ def check_run(cfg: RunConfig) -> Path:
             logger.warning("trainer.malloc=jemalloc: debug mode (ray: false) runs the trainer in this process, "
                            "which started on glibc's allocator: the setting does not apply (start the process with "
                            "the library in LD_PRELOAD to have it)")
-    else:
+    elif cfg.trainer.malloc != "auto":
         try:
             heap.preload_env(cfg.trainer.malloc)
         except ValueError as exc:

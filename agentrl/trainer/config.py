@@ -172,12 +172,14 @@ class TrainerSettings(_Strict):
     # page faults (RSS stays at its peak); a number: tensors of this many KiB or more get their own mapping,
     # returned to the OS when freed (1024: ~0.2 GB lower peak over RL steps, 1.2 GB over the demo's SFT then RL
     # steps; a page fault per 4 KiB of every large tensor: a quarter to a third more CPU a step); 0: glibc's default
-    # (a threshold that rises to 32 MiB). Not with malloc: jemalloc. agentrl.heap
+    # (a threshold that rises to 32 MiB). Not with malloc: jemalloc (a number makes auto choose glibc). agentrl.heap
     mmap_threshold_kb: Literal["never"] | Annotated[int, Field(ge=0, le=32768)] = "never"
-    # the trainer ranks' allocator: glibc (the default, shaped by mmap_threshold_kb) or jemalloc, preloaded into
-    # each rank's process at its start (Ray mode; its library from Ray's wheel): the 1 MiB threshold's lower peak
-    # (-1.2 GB on the demo's trainer) at ~10 % more CPU a step instead of ~35 %. agentrl.heap
-    malloc: Literal["glibc", "jemalloc"] = "glibc"
+    # the trainer ranks' allocator: jemalloc, preloaded into each rank's process at its start (Ray mode; its library
+    # from Ray's wheel), or glibc (shaped by mmap_threshold_kb). jemalloc levels off where glibc's heap fragments
+    # (the demo's trainer: -1.2 GB in fp32; in bf16 5.4 GB after 10 RL steps where glibc's was 8.8 and growing) for
+    # 6-10 % more CPU a step. auto (the default): jemalloc in Ray mode where the library is found and
+    # mmap_threshold_kb is left at never, else glibc; the controller logs the choice. agentrl.heap
+    malloc: Literal["auto", "glibc", "jemalloc"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(
         default=None, ge=1
