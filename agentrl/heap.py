@@ -13,9 +13,9 @@ on an AVX2 EPYC (7 million page faults a step: every activation and gathered wei
 cold-start SFT steps then RL steps, as in the demo, 1.2 GB less (SFT's longer micro-batches set glibc's peak) at
 ~35 % more CPU a step on a Xeon without AMX.
 
-:func:`never_map` is the other way, the trainer's default: no block gets a mapping, freed memory stays in the heap
-and is reused by the next micro-batch without a page fault (only a free top above 2 GiB is returned). The process's
-RSS then stays at its peak between steps; measured over 10 steps of changing shapes it levels off after the third
+:func:`never_map` is the other way, ``mmap_threshold_kb``'s default (on glibc): no block gets a mapping, freed
+memory stays in the heap and is reused by the next micro-batch without a page fault (only a free top above 2 GiB is
+returned). The process's RSS then stays at its peak between steps; measured over 10 steps of changing shapes it levels off after the third
 (fp32 demo trainer: 6.1 GB) rather than growing.
 
 glibc only (``MALLOC_MMAP_THRESHOLD_`` in the environment does the same for a whole process tree at its start,
@@ -28,7 +28,7 @@ last used) fragment less than glibc's heap: on the demo's trainer (SFT then RL s
 docs/results.md) its peak was that of the 1 MiB threshold (fp32 full fine-tuning 5.65 GB, LoRA 2.27, against 6.88
 and 3.48 with ``never``) at ~10 % more CPU a step where the threshold cost ~35 %. In bf16 glibc's heap does not
 level off: 10 RL steps of changing shapes grew it to 8.8 GB and growing (4.0 GB over its first step), jemalloc's to
-5.4 GB (1.7 over its first, level after the sixth), for 6 % more CPU a step, with the same 2.5 GB of live tensors
+5.4 GB (1.7 over its first, level from the eighth), for 6 % more CPU a step, with the same 2.5 GB of live tensors
 in both. With purging off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB:
 do not turn it off.
 """
@@ -109,6 +109,22 @@ def jemalloc_path() -> Path | None:
     return Path(name) if name else None
 
 
+def _why_not_jemalloc() -> tuple[str, str] | None:
+    """Why jemalloc cannot be preloaded here, as (the fact, what to do), or None if it can."""
+    if not sys.platform.startswith("linux"):
+        return (f"it is preloaded with LD_PRELOAD, which only Linux's loader reads (this is {sys.platform})",
+                "set trainer.malloc=glibc")
+    path = jemalloc_path()
+    if path is None:
+        return ("no jemalloc library found (expected ray/core/libjemalloc.so in Ray's wheel or the system's "
+                "libjemalloc.so.2)", "install libjemalloc2, or set trainer.malloc=glibc")
+    bad = sorted({c for c in str(path) if c.isspace() or c in ":$"})
+    if bad:
+        return (f"the library's path {str(path)!r} holds {bad!r}, which LD_PRELOAD cannot carry (the loader splits "
+                "on spaces and colons)", "install agentrl in a folder without them, or set trainer.malloc=glibc")
+    return None
+
+
 def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
     """The environment a process must start with to allocate with ``malloc`` (empty for glibc): ``LD_PRELOAD`` of
     the jemalloc library alone (Ray does not pass the controller's own ``LD_PRELOAD`` to its workers either, and a
@@ -119,39 +135,31 @@ def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
         return {}
     if malloc != "jemalloc":
         raise ValueError(f"trainer.malloc: expected glibc or jemalloc, got {malloc!r}")
-    if not sys.platform.startswith("linux"):
-        raise ValueError(f"trainer.malloc=jemalloc preloads the library with LD_PRELOAD, which only Linux's loader "
-                         f"reads (this is {sys.platform}): set trainer.malloc=glibc")
-    path = jemalloc_path()
-    if path is None:
-        raise ValueError("trainer.malloc=jemalloc: no jemalloc library found (expected ray/core/libjemalloc.so in "
-                         "Ray's wheel or the system's libjemalloc.so.2): install libjemalloc2, or set "
-                         "trainer.malloc=glibc")
-    bad = sorted({c for c in str(path) if c.isspace() or c in ":$"})
-    if bad:
-        raise ValueError(f"trainer.malloc=jemalloc: the library's path {str(path)!r} holds {bad!r}, which "
-                         "LD_PRELOAD cannot carry (the loader splits on spaces and colons): install agentrl in a "
-                         "folder without them, or set trainer.malloc=glibc")
-    return {"LD_PRELOAD": str(path)}
+    why = _why_not_jemalloc()
+    if why is not None:
+        raise ValueError(f"trainer.malloc=jemalloc: {why[0]}: {why[1]}")
+    return {"LD_PRELOAD": str(jemalloc_path())}
 
 
-def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int | str, *,
-           separate_process: bool) -> tuple[Literal["glibc", "jemalloc"], str]:
-    """The allocator the trainer ranks start with, and why. ``auto`` takes jemalloc where it can be preloaded: the
-    ranks run in processes of their own (Ray mode; debug mode runs the trainer in the controller's process, already
-    started), the library is found and :func:`preload_env` accepts it, and ``mmap_threshold_kb`` is left at
-    ``never`` (a number asks to shape glibc's heap); else glibc. ``glibc`` and ``jemalloc`` are taken as given
-    (:func:`preload_env` refuses a jemalloc that cannot work)."""
+def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int | str, *, separate_process: bool,
+           cpu: bool = True) -> tuple[Literal["glibc", "jemalloc"], str]:
+    """The allocator the trainer ranks start with, and why. ``auto`` takes jemalloc where it can be preloaded and
+    was measured to help: CPU trainers (a GPU trainer's tensors are not malloc's) in processes of their own (Ray
+    mode; debug mode runs the trainer in the controller's process, already started), the library found and
+    loadable by path, and ``mmap_threshold_kb`` left at ``never`` (a number asks to shape glibc's heap); else the
+    system's allocator ("glibc"). ``glibc`` and ``jemalloc`` are taken as given (:func:`preload_env` refuses a
+    jemalloc that cannot work)."""
     if malloc != "auto":
         return malloc, "trainer.malloc"
     if not separate_process:
-        return "glibc", "debug mode runs the trainer in this process, started on glibc's allocator"
+        return "glibc", "debug mode runs the trainer in this process, already started on the system's allocator"
+    if not cpu:
+        return "glibc", "a GPU trainer: its tensors are not malloc's, and jemalloc was measured on CPU trainers only"
     if mmap_threshold_kb != "never":
         return "glibc", f"trainer.mmap_threshold_kb {mmap_threshold_kb} shapes glibc's heap"
-    try:
-        preload_env("jemalloc")
-    except ValueError as exc:
-        return "glibc", str(exc)
+    why = _why_not_jemalloc()
+    if why is not None:
+        return "glibc", f"jemalloc cannot be preloaded: {why[0]}"
     return "jemalloc", "auto"
 
 

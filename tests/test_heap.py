@@ -190,16 +190,26 @@ def test_auto_chooses_jemalloc_only_where_it_can_be_preloaded(monkeypatch):
     assert malloc == "glibc" and "mmap_threshold_kb 1024 shapes glibc's heap" in why
     assert heap.choose("glibc", "never", separate_process=True) == ("glibc", "trainer.malloc")
     assert heap.choose("jemalloc", "never", separate_process=True) == ("jemalloc", "trainer.malloc")
+    malloc, why = heap.choose("auto", "never", separate_process=True, cpu=False)
+    assert malloc == "glibc" and "GPU trainer" in why
     monkeypatch.setattr(heap, "jemalloc_path", lambda: None)
     malloc, why = heap.choose("auto", "never", separate_process=True)
     assert malloc == "glibc" and "no jemalloc library found" in why
+    assert "set trainer.malloc" not in why  # the reason for a choice nobody made, not advice to make one
 
 
-def test_preflight_with_auto_and_no_library_goes_on_with_glibc(monkeypatch):
-    """``auto`` never stops a run: without the library the ranks start on glibc (TrainerGroup.start logs why)."""
+def test_preflight_with_auto_and_no_library_goes_on_with_glibc(monkeypatch, caplog):
+    """``auto`` never stops a run or warns: without the library the ranks start on glibc (TrainerGroup.start logs
+    why); in debug mode the preflight says which allocator the trainer in this process has."""
     from agentrl import heap
     from agentrl.launcher.config import load_config
     from agentrl.launcher.preflight import check_run
 
     monkeypatch.setattr(heap, "jemalloc_path", lambda: None)
-    check_run(load_config(None, []))
+    with caplog.at_level("INFO", logger="agentrl.launcher.preflight"):
+        assert check_run(load_config(None, [])).is_dir()
+        assert not caplog.records
+        check_run(load_config(None, ["resources.ray=false"]))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "trainer.malloc auto: glibc (debug mode runs the trainer in this process, already started on the "
+                 "system's allocator)")]

@@ -231,22 +231,22 @@ def test_second_step_was_generated_by_v1(smoke_run: Path):
     assert versions[:8] == [[0]] * 8 and versions[8:] == [[1]] * 8  # η = 0: strictly alternating
 
 
-def _sigint_as_at_a_terminal() -> None:
-    """A test suite started in the background (``cmd &`` in a script, ``nohup``) hands its children SIGINT ignored,
-    and an ignored SIGINT stays ignored in Python (asyncio.run then installs no handler): the run would ignore the
-    test's Ctrl-C and finish (seen: exit 0 after all 50 steps). The run under test starts as from a terminal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
                                                    (signal.SIGTERM, 143, "terminated (SIGTERM)")])
 def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, sig: signal.Signals, code: int, said: str):
     """SIGTERM (kill, a cluster scheduler) takes Ctrl-C's path: before, Ray's handler aborted the controller (exit
     134) and the clean-up never ran."""
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=interrupted", "sft.enabled=false",
-                             "steps=50"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_sigint_as_at_a_terminal)
+    # a suite started in the background (`cmd &` in a script, nohup) has SIGINT ignored, which a child inherits and
+    # Python keeps (asyncio.run then installs no handler): the run would go on to its end (seen: exit 0 after all
+    # 50 steps). Handled here while it starts, SIGINT is at its default in the child (exec resets handled signals).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=interrupted",
+                                 "sft.enabled=false", "steps=50"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     run_dir = runs / "interrupted"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not (run_dir / "rollouts.jsonl").exists():

@@ -346,15 +346,19 @@ class TrainerGroup:
         world = r.trainer_world_size
         self.refs = []
         # an allocator is chosen at a process's start: the ranks' processes are Ray's workers, started for this env
-        malloc, why = heap.choose(self.cfg.trainer.malloc, self.cfg.trainer.mmap_threshold_kb, separate_process=True)
-        if malloc == "glibc" and self.cfg.trainer.malloc == "auto":
+        t = self.cfg.trainer
+        malloc, why = heap.choose(t.malloc, t.mmap_threshold_kb, separate_process=True,
+                                  cpu=t.device == "cpu" or (t.device == "auto" and r.trainer_num_gpus == 0))
+        if malloc == "glibc" and t.malloc == "auto":
             logger.info("trainer.malloc auto: glibc (%s)", why)
         preload = heap.preload_env(malloc)
+        # the ranks get the choice, not auto: a rank asked for jemalloc and started without it says so in its log
+        cfg = self.cfg.model_copy(update={"trainer": t.model_copy(update={"malloc": malloc})})
         self.actors = [self.cls.options(num_cpus=r.trainer_num_cpus, num_gpus=r.trainer_num_gpus,
                                         resources=r.trainer_resources or None,
                                         runtime_env={"env_vars": preload} if preload else None,
                                         name=f"trainer-{self.cfg.name}-{rank}-{self.restarts}").remote(
-            self.cfg, str(self.run_dir), rank, r.trainer_cores) for rank in range(world)]
+            cfg, str(self.run_dir), rank, r.trainer_cores) for rank in range(world)]
         self.node_ids = list(await asyncio.gather(*(a.node_id.remote() for a in self.actors)))
         self.pids = list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
         if preload:  # the library's path is the controller's: a node installed elsewhere starts the rank on glibc

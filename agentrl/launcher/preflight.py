@@ -65,6 +65,12 @@ def check_run(cfg: RunConfig) -> Path:
             logger.warning("trainer.malloc=jemalloc: debug mode (ray: false) runs the trainer in this process, "
                            "which started on glibc's allocator: the setting does not apply (start the process with "
                            "the library in LD_PRELOAD to have it)")
+    elif cfg.trainer.malloc == "auto" and not cfg.resources.ray:
+        if heap.jemalloc_loaded():
+            logger.info("trainer.malloc auto: jemalloc (this process was started with it preloaded)")
+        else:
+            logger.info("trainer.malloc auto: glibc (%s)",
+                        heap.choose("auto", cfg.trainer.mmap_threshold_kb, separate_process=False)[1])
     elif cfg.trainer.malloc != "auto":
         try:
             heap.preload_env(cfg.trainer.malloc)

@@ -88,17 +88,11 @@ def test_each_side_asks_for_its_own_custom_ray_resources() -> None:
         RunConfig(resources={"ray": False, "rollout_resources": {"rollout_node": 1}})
 
 
-async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_path) -> None:
-    """MASTER_ADDR/PORT come from the rank-0 actor (its node's IP and a port free there), not from the
-    controller's node; LOCAL_RANK counts the ranks on the same node."""
-    from agentrl.launcher.placement import TrainerGroup
-
-    ray = ray_init(RunConfig())
-
+def _fake_rank_class(ray):
     @ray.remote
     class Rank:
         def __init__(self, cfg, run_dir, rank, cores) -> None:
-            self.rank = rank
+            self.rank, self.malloc = rank, cfg.trainer.malloc
 
         def node_id(self) -> str:
             return ray.get_runtime_context().get_node_id()
@@ -106,11 +100,30 @@ async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_pa
         def pid(self) -> int:
             return os.getpid()
 
+        def on_jemalloc(self) -> bool:
+            from agentrl import heap
+
+            return heap.jemalloc_loaded()
+
+        def malloc_given(self) -> str:
+            return self.malloc
+
         def rendezvous(self) -> tuple[str, int]:
             return ("192.0.2.10", 4567) if self.rank == 0 else ("not-rank-0", 1)
 
         def train(self, env: dict[str, str]) -> dict[str, str]:
             return env
+
+    return Rank
+
+
+async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_path) -> None:
+    """MASTER_ADDR/PORT come from the rank-0 actor (its node's IP and a port free there), not from the
+    controller's node; LOCAL_RANK counts the ranks on the same node."""
+    from agentrl.launcher.placement import TrainerGroup
+
+    ray = ray_init(RunConfig())
+    Rank = _fake_rank_class(ray)
 
     cfg = RunConfig(name="meet", resources={"trainer_world_size": 2, "trainer_num_cpus": 0.01})
     group = TrainerGroup(cfg, tmp_path, "redis://somewhere:6379/0", Rank)
@@ -125,6 +138,31 @@ async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_pa
     assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "0", "2"), ("1", "1", "2")]
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["AGENTRL_REDIS_URL"]) for e in envs} == {
         ("192.0.2.10", "4567", "redis://somewhere:6379/0")}
+
+
+@pytest.mark.parametrize(("overrides", "chosen", "said"), [
+    ({}, "jemalloc", "trainer ranks allocate with jemalloc ("),
+    ({"mmap_threshold_kb": 1024}, "glibc", "trainer.malloc auto: glibc (trainer.mmap_threshold_kb 1024"),
+    ({"device": "cuda"}, "glibc", "trainer.malloc auto: glibc (a GPU trainer"),
+])
+async def test_malloc_auto_starts_the_ranks_with_its_choice_and_tells_them(tmp_path, caplog, overrides, chosen,
+                                                                         said) -> None:
+    """``trainer.malloc: auto`` (the default): the ranks' processes start with jemalloc preloaded, or not, and each
+    rank's config carries the choice (so a rank that asked for jemalloc and lacks it warns in its own log)."""
+    from agentrl.launcher.placement import TrainerGroup
+
+    ray = ray_init(RunConfig())
+    cfg = RunConfig(name="malloc", trainer=overrides, resources={"trainer_world_size": 1, "trainer_num_cpus": 0.01})
+    group = TrainerGroup(cfg, tmp_path, "redis://somewhere:6379/0", _fake_rank_class(ray))
+    try:
+        with caplog.at_level("INFO", logger="agentrl.launcher.placement"):
+            await group.start()
+        loaded, given = await asyncio.gather(group.actors[0].on_jemalloc.remote(),
+                                             group.actors[0].malloc_given.remote())
+    finally:
+        group.kill()
+    assert given == chosen and loaded == (chosen == "jemalloc")
+    assert said in caplog.text
 
 
 def test_the_trainer_actor_offers_its_nodes_address_and_a_free_port(tmp_path) -> None:
