@@ -97,8 +97,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     cfg = TrainerConfig.model_validate({
         "model": str(resolve_model(args.model)), "dtype": args.dtype, "layout": "shared_prefix",
-        "micro_batch_tokens": 1024, "mmap_threshold_kb": "never" if args.worker == "jemalloc" else args.worker,
-        "malloc": "jemalloc" if args.worker == "jemalloc" else "glibc",
+        "micro_batch_tokens": 1024, **_heap_keys(args.worker),
         "optimizer": {"lr": 1e-6, "grad_clip": 1.0},
         "loss": {"advantage": "dr_grpo", "kl_coef": 0.05, "kl_estimator": "k3", "correction": "decoupled"}})
     hwm, cpu, live = [], [], []
@@ -114,6 +113,13 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
     print(json.dumps({"hwm": hwm, "cpu": cpu, "live": live, "dtype": dtype,
                       "maxrss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}))
+
+
+def _heap_keys(setting: int | str) -> dict[str, Any]:
+    """The trainer keys of one ``--thresholds`` setting: a glibc threshold, or jemalloc (threshold left at never)."""
+    if setting == "jemalloc":
+        return {"malloc": "jemalloc", "mmap_threshold_kb": "never"}
+    return {"malloc": "glibc", "mmap_threshold_kb": setting}
 
 
 def _setting(text: str) -> int | str:
@@ -142,7 +148,7 @@ def main() -> None:
     base = [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--groups",
             str(args.groups), "--group-size", str(args.group_size), "--dtype", args.dtype]
     procs = {kib: subprocess.Popen([*base, "--worker", str(kib)], stdout=subprocess.PIPE, text=True,
-                                   env={**os.environ, **preload_env("jemalloc" if kib == "jemalloc" else "glibc")})
+                                   env={**os.environ, **preload_env(_heap_keys(kib)["malloc"])})
              for kib in args.thresholds}
     results: dict[int | str, dict[str, Any]] = {}
     for kib, p in procs.items():

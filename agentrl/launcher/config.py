@@ -407,6 +407,14 @@ class RunConfig(_Section):
                              "(leave trainer.loss.temperature unset to follow the rollout's)")
         return self
 
+    @property
+    def trainer_device(self) -> Literal["cpu", "cuda"]:
+        """``trainer.device`` with ``auto`` made concrete the way the launcher places the ranks: cuda when they are
+        given GPUs (``resources.trainer_num_gpus``), else cpu."""
+        if self.trainer.device != "auto":
+            return self.trainer.device
+        return "cuda" if self.resources.trainer_num_gpus > 0 else "cpu"
+
     def with_absolute_paths(self) -> RunConfig:
         """Relative file paths (imports, datasets, runs_dir) made absolute against the current directory, so
         processes started elsewhere (Ray workers) see the same files."""

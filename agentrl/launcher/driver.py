@@ -68,9 +68,7 @@ def resolve_precision(cfg: RunConfig) -> RunConfig:
     ``config.yaml`` records what ran. A GPU trainer placed by Ray on another node keeps ``auto`` when this
     process sees no GPU: the trainer resolves it where it runs and logs the choice."""
     update: dict[str, Any] = {}
-    device = cfg.trainer.device
-    if device == "auto":
-        device = "cuda" if cfg.resources.trainer_num_gpus > 0 else "cpu"
+    device = cfg.trainer_device
     if cfg.trainer.dtype == "auto" and (device == "cpu" or _sees_gpu()):
         p = resolve_dtype("auto", device)
         update["trainer"] = cfg.trainer.model_copy(update={"dtype": p.dtype})

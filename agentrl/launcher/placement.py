@@ -348,7 +348,7 @@ class TrainerGroup:
         # an allocator is chosen at a process's start: the ranks' processes are Ray's workers, started for this env
         t = self.cfg.trainer
         malloc, why = heap.choose(t.malloc, t.mmap_threshold_kb, separate_process=True,
-                                  cpu=t.device == "cpu" or (t.device == "auto" and r.trainer_num_gpus == 0))
+                                  cpu=self.cfg.trainer_device == "cpu")
         if malloc == "glibc" and t.malloc == "auto":
             logger.info("trainer.malloc auto: glibc (%s)", why)
         preload = heap.preload_env(malloc)

@@ -60,23 +60,30 @@ def check_run(cfg: RunConfig) -> Path:
     check_data(cfg)
     _check_sft_family(cfg)
     check_trackers(cfg.monitor.wandb, cfg.monitor.trackio)
-    if cfg.trainer.malloc == "jemalloc" and not cfg.resources.ray:
-        if not heap.jemalloc_loaded():
-            logger.warning("trainer.malloc=jemalloc: debug mode (ray: false) runs the trainer in this process, "
-                           "which started on glibc's allocator: the setting does not apply (start the process with "
-                           "the library in LD_PRELOAD to have it)")
-    elif cfg.trainer.malloc == "auto" and not cfg.resources.ray:
-        if heap.jemalloc_loaded():
-            logger.info("trainer.malloc auto: jemalloc (this process was started with it preloaded)")
-        else:
-            logger.info("trainer.malloc auto: glibc (%s)",
-                        heap.choose("auto", cfg.trainer.mmap_threshold_kb, separate_process=False)[1])
-    elif cfg.trainer.malloc != "auto":
-        try:
-            heap.preload_env(cfg.trainer.malloc)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    _check_malloc(cfg)
     return resolve_model(cfg.model)  # last: the first use of a bundled model builds it (seconds)
+
+
+def _check_malloc(cfg: RunConfig) -> None:
+    """Ray mode: an explicit jemalloc must be preloadable (``auto`` falls back to glibc, logged at the ranks' start).
+    Debug mode runs the trainer in this process, whose allocator was set when it started: say which it is."""
+    malloc = cfg.trainer.malloc
+    if cfg.resources.ray:
+        if malloc == "jemalloc":
+            try:
+                heap.preload_env(malloc)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+    elif heap.jemalloc_loaded():
+        if malloc == "auto":
+            logger.info("trainer.malloc auto: jemalloc (this process was started with it preloaded)")
+    elif malloc == "jemalloc":
+        logger.warning("trainer.malloc=jemalloc: debug mode (ray: false) runs the trainer in this process, which "
+                       "started on glibc's allocator: the setting does not apply (start the process with the "
+                       "library in LD_PRELOAD to have it)")
+    elif malloc == "auto":
+        logger.info("trainer.malloc auto: glibc (%s)",
+                    heap.choose(malloc, cfg.trainer.mmap_threshold_kb, separate_process=False)[1])
 
 
 def _check_sft_family(cfg: RunConfig) -> None:
