@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Literal
 
@@ -32,26 +32,33 @@ logger = logging.getLogger(__name__)
 SGL_KERNEL_CPU_DIR = Path(__file__).resolve().parent / "sgl_kernel_cpu"
 
 
-@functools.cache
-def build_cpu_kernels() -> str | None:
+def build_cpu_kernels(env: Mapping[str, str] | None = None) -> str | None:
     """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``) in this process, before a CPU server
-    starts: the build (~10 s, once per machine and torch version) then happens once, not in every server process,
-    and a failure is logged here. None when built (or cached), else why not; the servers then keep the PyTorch
-    paths."""
+    starts, with ``env``'s ``CXX``, ``PATH`` and ``AGENTRL_CACHE_DIR`` (default this process's): the build (~10 s,
+    once per machine and torch version) then happens once, not in every server process, and a failure is logged
+    here. None when built (or cached), else why not; the servers then keep the PyTorch paths. Never raises."""
+    env = os.environ if env is None else env
+    return _build_cpu_kernels(env.get("CXX"), env.get("PATH"), env.get("AGENTRL_CACHE_DIR"))
+
+
+@functools.cache
+def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> str | None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native", SGL_KERNEL_CPU_DIR / "sgl_kernel" /
-                                                  "_native.py")
-    assert spec is not None and spec.loader is not None
-    native = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(native)
+    env = {k: v for k, v in (("CXX", cxx), ("PATH", path), ("AGENTRL_CACHE_DIR", cache)) if v is not None}
     try:
-        path = native.build()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native",
+                                                      SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py")
+        assert spec is not None and spec.loader is not None
+        native = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(native)
+        built = native.build(env)
+    except Exception as e:  # noqa: BLE001  # any failure: the servers decode in PyTorch, and the log says why
+        why = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
         logger.warning("SGLang CPU servers keep the PyTorch decode attention: the compiled kernel is unavailable (%s)",
-                       e)
-        return str(e)
-    logger.info("compiled CPU decode attention for SGLang: %s", path)
+                       why)
+        return why
+    logger.info("compiled CPU decode attention for SGLang: %s", built)
     return None
 
 
@@ -165,6 +172,17 @@ class SGLangServer:
         env.update(self.config.env)
         return env
 
+    def prepare(self) -> dict[str, str]:
+        """Build what the server's processes load (on CPU: the compiled decode attention, ``build_cpu_kernels``),
+        blocking (from async code: in a thread, before :meth:`start_background`, which calls it too; it is cached).
+        Returns environment overrides: ``AGENTRL_CPU_KERNELS=0`` when the kernel could not be built here, so that
+        the server's processes do not try again (the reason is logged once, here)."""
+        env = self.environment()
+        if (self.config.device != "cpu" or self.config.python is not None
+                or "0" in (env.get("AGENTRL_SGLANG_CPU_PATCHES"), env.get("AGENTRL_CPU_KERNELS"))):
+            return {}  # another interpreter builds its own (its torch may differ), at its first import
+        return {} if build_cpu_kernels(env) is None else {"AGENTRL_CPU_KERNELS": "0"}
+
     def start(self) -> SGLangServer:
         """Start the server and block until it is ready (or raise, with the log's tail, and stop it)."""
         self.start_background()
@@ -193,10 +211,7 @@ class SGLangServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open(self.log_path, "ab")
         out = self._log_file if self._log_file is not None else subprocess.DEVNULL
-        env = self.environment()
-        if (self.config.device == "cpu" and self.config.python is None
-                and "0" not in (env.get("AGENTRL_SGLANG_CPU_PATCHES"), env.get("AGENTRL_CPU_KERNELS"))):
-            build_cpu_kernels()
+        env = {**self.environment(), **self.prepare()}
         logger.info("starting %s on %s with %s", self.name, self.url, self.config.model_path)
         self._proc = subprocess.Popen(
             self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

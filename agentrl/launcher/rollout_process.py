@@ -198,6 +198,7 @@ class RolloutWorker:
             server = SGLangServer(config, name=name, log_path=self.run_dir / "logs" / f"{name}.log",
                                   on_spawn=self._record_spawn)
             self._stack.callback(server.stop)
+            await asyncio.to_thread(server.prepare)  # a first CPU kernel build (~10 s) off the event loop
             server.start_background()
             servers.append(server)
         await asyncio.gather(*(s.wait_ready_async() for s in servers))

@@ -34,6 +34,7 @@ void decode(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache, con
             double scale) {
   const int64_t n = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(1);
   const int64_t group = heads / kv_heads, slots = k_cache.size(0), width = req_to_token.size(1);
+  const int64_t table_rows = req_to_token.size(0);
   const T* qp = q.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
@@ -51,8 +52,14 @@ void decode(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache, con
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(heads * dim), acc(heads * dim), scores, inv(heads);
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t len = lens[i];
-      const int32_t* toks = table + rows[i] * ts0;
+      const int64_t len = lens[i], row = rows[i];
+      // an index out of range would read outside the tensors: refuse it (the error reaches the caller)
+      TORCH_CHECK(len >= 0 && len <= width && row >= 0 && row < table_rows, "decode_attention: request ", i,
+                  " has seq_len ", len, " and table row ", row, " (table ", table_rows, " x ", width, ")");
+      const int32_t* toks = table + row * ts0;
+      for (int64_t t = 0; t < len; ++t)
+        TORCH_CHECK(toks[t] >= 0 && toks[t] < slots, "decode_attention: request ", i, " position ", t,
+                    " points at KV slot ", toks[t], " of ", slots);
       for (int64_t h = 0; h < heads; ++h) {
         const T* src = qp + i * qs0 + h * qs1;
         for (int64_t d = 0; d < dim; ++d) qf[h * dim + d] = as_float(src[d]) * fscale;
@@ -97,7 +104,6 @@ void decode(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache, con
       }
     }
   });
-  (void)slots;
 }
 
 void decode_attention(const at::Tensor& q, at::Tensor out, const at::Tensor& k_cache, const at::Tensor& v_cache,

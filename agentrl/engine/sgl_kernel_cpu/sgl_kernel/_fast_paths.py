@@ -56,6 +56,8 @@ def batched_forward_decode(original: Any, compiled: Any = None) -> Any:
     """``compiled``: ``torch.ops.agentrl_cpu.decode_attention`` (``_attention.cpp``, which attends through
     ``req_to_token`` in place: no gather, no padding) or None for the batched PyTorch path. Calls the kernel does not
     take (another dtype or index type, a strided last axis) go the PyTorch way."""
+    told: set[bool] = set()
+
     def run(self: Any, query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
             encoder_lens: torch.Tensor | None = None, scaling: float | None = None, enable_gqa: bool = False,
@@ -65,11 +67,18 @@ def batched_forward_decode(original: Any, compiled: Any = None) -> Any:
             return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                             encoder_lens=encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
                             is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
-        if compiled is not None and _compiled_takes(query, output, k_cache, v_cache, req_to_token):
-            compiled(query, output, k_cache, v_cache, req_to_token, req_pool_indices.to(torch.int64).contiguous(),
-                     seq_lens.to(torch.int64).contiguous(),
-                     scaling if scaling is not None else query.shape[-1] ** -0.5)
-            return output
+        if compiled is not None:
+            takes = _compiled_takes(query, output, k_cache, v_cache, req_to_token)
+            if takes not in told:  # the first call of each kind, in the server's log (tests read it)
+                told.add(takes)
+                print(f"agentrl: decode attention {'by the compiled kernel' if takes else 'in PyTorch'} (first such "
+                      f"call: {n} requests, q {query.dtype} {tuple(query.shape)}, KV cache {k_cache.dtype}, "
+                      f"table {req_to_token.dtype})", file=sys.stderr, flush=True)
+            if takes:
+                compiled(query, output, k_cache, v_cache, req_to_token,
+                         req_pool_indices.to(torch.int64).contiguous(), seq_lens.to(torch.int64).contiguous(),
+                         scaling if scaling is not None else query.shape[-1] ** -0.5)
+                return output
         max_len = int(seq_lens.max())
         rows = req_to_token[req_pool_indices, :max_len].reshape(-1).long()  # padding rows are masked out below
         key = torch.index_select(k_cache.reshape(k_cache.shape[0], -1), 0, rows).view(n, max_len, *k_cache.shape[1:])
@@ -273,7 +282,10 @@ def install(borrowing: Any = None, load_kernels: Any = None) -> None:
         return
     compiled_decode = None
     if load_kernels is not None:
-        why_not = load_kernels()
+        try:
+            why_not = load_kernels()
+        except Exception as e:  # noqa: BLE001  # never stop a server for want of the kernel
+            why_not = f"{type(e).__name__}: {e}"
         if why_not is None:
             compiled_decode = torch.ops.agentrl_cpu.decode_attention
             print("agentrl: compiled CPU decode attention loaded", file=sys.stderr, flush=True)

@@ -23,43 +23,65 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 SOURCE = Path(__file__).with_name("_attention.cpp")
-BUILD_TIMEOUT_S = 600.0  # a cold build takes ~10 s on one of our cores; a loaded machine, far longer
+# a cold build takes ~10 s on one of our cores; bounded well under a server's start-up timeout (300 s by default)
+BUILD_TIMEOUT_S = 180.0
 _loaded: dict[str, str | None] = {}  # library path → None (loaded) or why not
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl") / "kernels"
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl") / "kernels"
 
 
-def compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX") or "g++")
+def compiler(env: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if env is None else env
+    return shutil.which(env.get("CXX") or "g++", path=env.get("PATH"))
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in its own process group, all of it killed on timeout (the compiler driver's cc1plus and ld too)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _cpu_flags() -> str:
-    """The CPU's model and instruction-set flags: ``-march=native`` compiles for exactly these."""
+    """The CPU's model and instruction-set flags (x86 ``flags``, Arm ``Features`` and part numbers)."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return platform.processor()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "model name"))]
-    return "\n".join(sorted(set(lines)))
+    keys = ("flags", "model name", "Features", "CPU implementer", "CPU part", "CPU variant")
+    return "\n".join(sorted({ln for ln in text.splitlines() if ln.startswith(keys)}))
 
 
-def library_path(cxx: str) -> Path:
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
+def library_path(cxx: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where the library for this source, torch, compiler, command line and CPU lives. The key holds what
+    ``-march=native`` resolves to on this machine (``-Q --help=target``) as well as the CPU's flags: a cache shared
+    by different CPUs never hands one the other's instructions."""
+    version = _run([cxx, "--version"], 30).stdout.splitlines()[:1]
+    target = _run([cxx, "-march=native", "-Q", "--help=target"], 30).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), str(version).encode(), _cpu_flags().encode(),
-                 platform.machine().encode()):
-        key.update(part)
+    for part in (SOURCE.read_bytes(), torch.__version__, getattr(torch.version, "git_version", ""), str(version),
+                 target, " ".join(_command(cxx, Path("lib.so"))), _cpu_flags(), platform.machine()):
+        key.update(part if isinstance(part, bytes) else str(part).encode())
         key.update(b"\0")
-    return cache_dir() / f"attention-{key.hexdigest()[:16]}.so"
+    return cache_dir(env) / f"attention-{key.hexdigest()[:16]}.so"
 
 
 def _command(cxx: str, out: Path) -> list[str]:
@@ -72,16 +94,18 @@ def _command(cxx: str, out: Path) -> list[str]:
             f"-Wl,-rpath,{root / 'lib'}"]
 
 
-def build() -> Path:
-    """The compiled library's path, building it first if it is not in the cache. Raises ``RuntimeError`` saying why
-    it could not (no compiler, a failed build: the compiler's last lines)."""
+def build(env: Mapping[str, str] | None = None) -> Path:
+    """The compiled library's path, building it first if it is not in the cache. ``env``: the environment whose
+    ``CXX``, ``PATH`` and ``AGENTRL_CACHE_DIR`` count (default this process's: a launcher passes its server's).
+    Raises ``RuntimeError`` saying why it could not (no compiler, a failed build: the compiler's last lines)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64", "aarch64"):
         raise RuntimeError(f"compiled CPU kernels are built on Linux x86-64/aarch64 only, not {platform.platform()}")
-    cxx = compiler()
+    env = os.environ if env is None else env
+    cxx = compiler(env)
     if cxx is None:
-        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX') or 'g++'} not on PATH; "
+        raise RuntimeError(f"no C++ compiler ({env.get('CXX') or 'g++'} not on PATH; "
                            "apt-get install g++, or set CXX)")
-    path = library_path(cxx)
+    path = library_path(cxx, env)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,10 +116,11 @@ def build() -> Path:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp.so")
         os.close(fd)
         try:
-            done = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            done = _run(_command(cxx, Path(tmp)), BUILD_TIMEOUT_S)
             if done.returncode != 0:
                 tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
                 raise RuntimeError(f"building {SOURCE.name} with {cxx} failed (exit {done.returncode}):\n{tail}")
+            os.chmod(tmp, 0o755)  # mkstemp's 0600 would hide it from the other users of a shared cache
             os.replace(tmp, path)
         except subprocess.TimeoutExpired as e:
             raise RuntimeError(f"building {SOURCE.name} with {cxx} took over {BUILD_TIMEOUT_S:.0f} s") from e
@@ -107,18 +132,18 @@ def build() -> Path:
 
 def load() -> str | None:
     """Build if needed and load the library into this process: None when ``torch.ops.agentrl_cpu`` is ready, else
-    why not (the caller keeps its PyTorch path)."""
+    why not (the caller keeps its PyTorch path). Never raises: a server must start without the kernel."""
     if os.environ.get("AGENTRL_CPU_KERNELS", "1") == "0":
         return "AGENTRL_CPU_KERNELS=0"
     try:
-        path = build()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        return str(e)
-    key = str(path)
-    if key not in _loaded:
-        try:
-            torch.ops.load_library(key)
-            _loaded[key] = None
-        except (OSError, RuntimeError) as e:
-            _loaded[key] = f"loading {path} failed: {e}"
-    return _loaded[key]
+        key = str(build())
+        if key not in _loaded:
+            try:
+                torch.ops.load_library(key)
+                torch.ops.agentrl_cpu.decode_attention  # noqa: B018  # registered, or AttributeError
+                _loaded[key] = None
+            except Exception as e:  # noqa: BLE001  # any failure to load means: the PyTorch path
+                _loaded[key] = f"loading {key} failed: {type(e).__name__}: {e}"
+        return _loaded[key]
+    except Exception as e:  # noqa: BLE001  # a build that fails in any way leaves the server on the PyTorch path
+        return f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
