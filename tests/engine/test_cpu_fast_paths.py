@@ -21,14 +21,22 @@ from agentrl.engine.client import SGLangClient
 from agentrl.engine.server import SGL_KERNEL_CPU_DIR
 
 
-def _load_fast_paths() -> types.ModuleType:
-    """The shim's module on its own (it needs only torch): the test process must not import the shim as sgl_kernel."""
-    path = SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_fast_paths.py"
-    spec = importlib.util.spec_from_file_location("agentrl_test_fast_paths", path)
+def _load_shim_module(name: str) -> types.ModuleType:
+    """One of the shim's modules on its own (each needs only torch): the test process must not import the shim as
+    sgl_kernel."""
+    spec = importlib.util.spec_from_file_location(f"agentrl_test{name}", SGL_KERNEL_CPU_DIR / "sgl_kernel" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_fast_paths() -> types.ModuleType:
+    return _load_shim_module("_fast_paths")
+
+
+def _load_native() -> types.ModuleType:
+    return _load_shim_module("_native")
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dtype"),
@@ -51,15 +59,6 @@ def test_batched_decode_equals_the_per_request_loop(heads: int, kv_heads: int, d
     got = batched(types.SimpleNamespace(), query, torch.empty_like(query), *args, **kw)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-
-
-def _load_native() -> types.ModuleType:
-    path = SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py"
-    spec = importlib.util.spec_from_file_location("agentrl_test_native", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
