@@ -46,15 +46,13 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
     import importlib.util
 
     env = {k: v for k, v in (("CXX", cxx), ("PATH", path), ("AGENTRL_CACHE_DIR", cache)) if v is not None}
-    try:
-        spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native",
-                                                      SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py")
-        assert spec is not None and spec.loader is not None
-        native = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(native)
-        built = native.build(env)
-    except Exception as e:  # noqa: BLE001  # any failure: the servers decode in PyTorch, and the log says why
-        why = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+    spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native",
+                                                  SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py")
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)  # torch and the standard library only
+    built, why = native.try_build(env)  # never raises
+    if built is None:
         logger.warning("SGLang CPU servers keep the PyTorch decode attention: the compiled kernel is unavailable (%s)",
                        why)
         return why

@@ -130,20 +130,28 @@ def build(env: Mapping[str, str] | None = None) -> Path:
     return path
 
 
+def try_build(env: Mapping[str, str] | None = None) -> tuple[Path | None, str | None]:
+    """:func:`build` that never raises: ``(path, None)``, or ``(None, why not)``."""
+    try:
+        return build(env), None
+    except Exception as e:  # noqa: BLE001  # a build that fails in any way leaves the server on the PyTorch path
+        return None, str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+
+
 def load() -> str | None:
     """Build if needed and load the library into this process: None when ``torch.ops.agentrl_cpu`` is ready, else
     why not (the caller keeps its PyTorch path). Never raises: a server must start without the kernel."""
     if os.environ.get("AGENTRL_CPU_KERNELS", "1") == "0":
         return "AGENTRL_CPU_KERNELS=0"
-    try:
-        key = str(build())
-        if key not in _loaded:
-            try:
-                torch.ops.load_library(key)
-                torch.ops.agentrl_cpu.decode_attention  # noqa: B018  # registered, or AttributeError
-                _loaded[key] = None
-            except Exception as e:  # noqa: BLE001  # any failure to load means: the PyTorch path
-                _loaded[key] = f"loading {key} failed: {type(e).__name__}: {e}"
-        return _loaded[key]
-    except Exception as e:  # noqa: BLE001  # a build that fails in any way leaves the server on the PyTorch path
-        return f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
+    path, why_not = try_build()
+    if path is None:
+        return why_not
+    key = str(path)
+    if key not in _loaded:
+        try:
+            torch.ops.load_library(key)
+            torch.ops.agentrl_cpu.decode_attention  # noqa: B018  # registered, or AttributeError
+            _loaded[key] = None
+        except Exception as e:  # noqa: BLE001  # any failure to load means: the PyTorch path
+            _loaded[key] = f"loading {key} failed: {type(e).__name__}: {e}"
+    return _loaded[key]
