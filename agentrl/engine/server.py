@@ -32,17 +32,18 @@ logger = logging.getLogger(__name__)
 SGL_KERNEL_CPU_DIR = Path(__file__).resolve().parent / "sgl_kernel_cpu"
 
 
-def build_cpu_kernels(env: Mapping[str, str] | None = None) -> str | None:
+def build_cpu_kernels(env: Mapping[str, str] | None = None) -> tuple[Path | None, str | None]:
     """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``) in this process, before a CPU server
     starts, with ``env``'s ``CXX``, ``PATH`` and ``AGENTRL_CACHE_DIR`` (default this process's): the build (~10 s,
     once per machine and torch version) then happens once, not in every server process, and a failure is logged
-    here. None when built (or cached), else why not; the servers then keep the PyTorch paths. Never raises."""
+    here. ``(library, None)`` when built (or cached), else ``(None, why not)``; the servers then keep the PyTorch
+    paths. Never raises."""
     env = os.environ if env is None else env
     return _build_cpu_kernels(env.get("CXX"), env.get("PATH"), env.get("AGENTRL_CACHE_DIR"))
 
 
 @functools.cache
-def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> str | None:
+def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> tuple[Path | None, str | None]:
     import importlib.util
 
     env = {k: v for k, v in (("CXX", cxx), ("PATH", path), ("AGENTRL_CACHE_DIR", cache)) if v is not None}
@@ -55,9 +56,9 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
     if built is None:
         logger.warning("SGLang CPU servers keep the PyTorch decode attention: the compiled kernel is unavailable (%s)",
                        why)
-        return why
+        return None, why
     logger.info("compiled CPU decode attention for SGLang: %s", built)
-    return None
+    return built, None
 
 
 class SGLangServerConfig(BaseModel):
@@ -173,13 +174,15 @@ class SGLangServer:
     def prepare(self) -> dict[str, str]:
         """Build what the server's processes load (on CPU: the compiled decode attention, ``build_cpu_kernels``),
         blocking (from async code: in a thread, before :meth:`start_background`, which calls it too; it is cached).
-        Returns environment overrides: ``AGENTRL_CPU_KERNELS=0`` when the kernel could not be built here, so that
-        the server's processes do not try again (the reason is logged once, here)."""
+        Returns environment overrides: ``AGENTRL_CPU_KERNEL_LIB`` naming the library built here (the server's
+        processes load it without recomputing its cache key), or ``AGENTRL_CPU_KERNELS=0`` when it could not be built,
+        so that they do not try again (the reason is logged once, here)."""
         env = self.environment()
         if (self.config.device != "cpu" or self.config.python is not None
                 or "0" in (env.get("AGENTRL_SGLANG_CPU_PATCHES"), env.get("AGENTRL_CPU_KERNELS"))):
             return {}  # another interpreter builds its own (its torch may differ), at its first import
-        return {} if build_cpu_kernels(env) is None else {"AGENTRL_CPU_KERNELS": "0"}
+        built, _ = build_cpu_kernels(env)
+        return {"AGENTRL_CPU_KERNEL_LIB": str(built)} if built is not None else {"AGENTRL_CPU_KERNELS": "0"}
 
     def start(self) -> SGLangServer:
         """Start the server and block until it is ready (or raise, with the log's tail, and stop it)."""

@@ -34,6 +34,9 @@ import torch
 SOURCE = Path(__file__).with_name("_attention.cpp")
 # a cold build takes ~10 s on one of our cores; bounded well under a server's start-up timeout (300 s by default)
 BUILD_TIMEOUT_S = 180.0
+# set by the launcher that built the library for this server (agentrl.engine.server): its processes load that file
+# instead of asking the compiler for the cache key again (two compiler calls, ~0.1 s, in each process)
+LIBRARY_ENV = "AGENTRL_CPU_KERNEL_LIB"
 _loaded: dict[str, str | None] = {}  # library path → None (loaded) or why not
 
 
@@ -140,10 +143,12 @@ def try_build(env: Mapping[str, str] | None = None) -> tuple[Path | None, str | 
 
 def load() -> str | None:
     """Build if needed and load the library into this process: None when ``torch.ops.agentrl_cpu`` is ready, else
-    why not (the caller keeps its PyTorch path). Never raises: a server must start without the kernel."""
+    why not (the caller keeps its PyTorch path). Never raises: a server must start without the kernel. The file
+    ``$AGENTRL_CPU_KERNEL_LIB`` names is loaded as it is, when it exists (the launcher built it on this host)."""
     if os.environ.get("AGENTRL_CPU_KERNELS", "1") == "0":
         return "AGENTRL_CPU_KERNELS=0"
-    path, why_not = try_build()
+    given = os.environ.get(LIBRARY_ENV)
+    path, why_not = (Path(given), None) if given and os.path.isfile(given) else try_build()
     if path is None:
         return why_not
     key = str(path)
