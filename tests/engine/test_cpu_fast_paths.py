@@ -256,7 +256,8 @@ def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> Non
         imports = [imports[1], imports[2]]  # ... and it is patched at the next import
     probe = ("print(getattr(m.TorchNativeAttnBackend._run_sdpa_forward_decode, 'agentrl_batched', False) and "
              "getattr(m.TorchNativeAttnBackend._run_sdpa_forward_extend, 'agentrl_batched', False) and "
-             "getattr(s.sampling_from_probs_torch, 'agentrl_fast', False))")
+             "getattr(s.sampling_from_probs_torch, 'agentrl_fast', False) and "
+             "getattr(s.top_k_top_p_min_p_sampling_from_probs_torch, 'agentrl_fast', False))")
     code = "; ".join([*imports, probe])
     env = {**os.environ, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
@@ -282,6 +283,43 @@ def test_a_server_process_attends_with_the_compiled_kernel(compiled_decode: Call
                          text=True, timeout=300, check=False)
     assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
     assert "batched PyTorch path instead: AGENTRL_CPU_KERNELS=0" in out.stderr
+
+
+def test_a_server_process_loads_the_library_its_launcher_built(compiled_decode: Callable[..., None],
+                                                                tmp_path: Path) -> None:
+    """``SGLangServer.prepare`` builds the kernel and names the library in the server's environment: the server's
+    processes load that file without a compiler (none on their PATH here); a name that is not a file is ignored
+    (they build as usual, and here say why they could not)."""
+    from agentrl.engine.server import SGLangServer, SGLangServerConfig
+
+    extra = SGLangServer(SGLangServerConfig(model_path="/m", device="cpu")).prepare()
+    library = extra.get("AGENTRL_CPU_KERNEL_LIB", "")
+    assert Path(library).is_file() and library.endswith(".so"), extra
+    code = ("import sgl_kernel; import sglang.srt.layers.attention.torch_native_backend as m; "
+            "print(m.TorchNativeAttnBackend._run_sdpa_forward_decode.agentrl_compiled)")
+    env = {**os.environ, **extra, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1",
+           "CXX": "no-such-compiler-agentrl", "AGENTRL_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
+    env["AGENTRL_CPU_KERNEL_LIB"] = str(tmp_path / "gone.so")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
+    assert "no-such-compiler-agentrl not on PATH" in out.stderr
+
+
+def test_prepare_turns_the_kernel_off_for_a_server_when_it_cannot_be_built(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    from agentrl.engine.server import SGLangServer, SGLangServerConfig
+
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-agentrl")
+    assert SGLangServer(SGLangServerConfig(model_path="/m", device="cpu")).prepare() == {"AGENTRL_CPU_KERNELS": "0"}
+    assert SGLangServer(SGLangServerConfig(model_path="/m", device="cuda")).prepare() == {}
+    off = SGLangServerConfig(model_path="/m", device="cpu", env={"AGENTRL_SGLANG_CPU_PATCHES": "0"})
+    assert SGLangServer(off).prepare() == {}
+    assert not list(tmp_path.rglob("*.so"))
 
 
 def test_uncovered_calls_go_to_the_original() -> None:
@@ -345,6 +383,54 @@ def test_patched_sampler_returns_what_sglangs_returns() -> None:
     one, seed, positions = probs[:1], torch.tensor([7]), torch.tensor([3])
     handed = fast_paths._sampler_with_fast_path(sglangs)(one, seed, positions)
     assert all(x is y for x, y in zip(handed, (one, seed, positions), strict=True))
+
+
+def test_a_batch_mixing_greedy_and_sampled_rows_is_drawn_as_sglangs_filtering_sampler_draws_it() -> None:
+    """SGLang's top-k/top-p sampler for a batch where some rows filter: greedy rows (top-k 1) give the same token,
+    rows without a cut draw from the same distribution (two-sample chi-square), rows with a real cut, and seeded or
+    mask-returning calls, are SGLang's own."""
+    from sglang.srt.layers.sampler import TOP_K_ALL
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch as sglangs
+
+    fast = _load_fast_paths()._filtering_sampler_with_fast_path(sglangs)
+    torch.manual_seed(0)
+    vocab, n = 1000, 20_000
+    support = torch.tensor([0, 255, 256, 511, 700, 999])
+    row = torch.zeros(vocab)
+    row[support] = torch.tensor([0.05, 0.15, 0.1, 0.2, 0.3, 0.2])
+    probs = row.repeat(n, 1)
+    greedy = torch.arange(n) % 4 == 0  # a greedy evaluation decoding beside sampled rows
+    top_ks = torch.where(greedy, 1, TOP_K_ALL)
+    top_ps, min_ps, positions = torch.ones(n), torch.zeros(n), torch.zeros(n, dtype=torch.long)
+    ours = fast(probs, top_ks, top_ps, min_ps, False, None, positions)
+    theirs = sglangs(probs, top_ks, top_ps, min_ps, False, None, positions)
+    assert (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype) == ((n,), torch.int32)
+    assert set(ours[greedy].tolist()) == set(theirs[greedy].tolist()) == {700}
+    a = torch.bincount(ours[~greedy].long(), minlength=vocab).double()
+    b = torch.bincount(theirs[~greedy].long(), minlength=vocab).double()
+    assert a[row == 0].sum() == b[row == 0].sum() == 0
+    chi2 = float(((a[support] - b[support]) ** 2 / (a[support] + b[support])).sum())
+    assert chi2 < 20.5, (a[support].tolist(), b[support].tolist())
+
+    # rows that cut (top-k 2, top-p 0.5, min-p): only the surviving tokens, as SGLang keeps them
+    cut_ks = torch.tensor([2, TOP_K_ALL, TOP_K_ALL, 1])
+    cut_ps, cut_min = torch.tensor([1.0, 0.5, 1.0, 1.0]), torch.tensor([0.0, 0.0, 0.9, 0.0])
+    many = row.repeat(4, 1)
+    for _ in range(50):
+        got = fast(many, cut_ks, cut_ps, cut_min, True, None, torch.zeros(4, dtype=torch.long)).tolist()
+        assert got[0] in (700, 511, 999) and got[1] in (700, 511, 999) and got[2] == 700 and got[3] == 700
+
+    calls = []
+
+    def recording(*args: Any, **kw: Any) -> str:
+        calls.append((args, kw))
+        return "sglang's"
+
+    seeded = _load_fast_paths()._filtering_sampler_with_fast_path(recording)
+    args = (many, cut_ks, cut_ps, cut_min, True, torch.tensor([1, 2, 3, 4]), torch.zeros(4, dtype=torch.long))
+    assert seeded(*args) == "sglang's" and calls[-1][0] == args
+    assert seeded(*args[:5], None, args[6], return_filtered_probs=True) == "sglang's"
+    assert calls[-1][1] == {"return_filtered_probs": True, "max_top_k": None}
 
 
 @pytest.mark.sglang
