@@ -14,13 +14,16 @@ Every trajectory carries a real score: a reward that could not be computed raise
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from agentrl.async_rollout.config import EpisodeBudget
-from agentrl.engine.base import EngineFinish, InferenceEngine, SamplingParams
+from agentrl.engine.base import EngineFinish, InferenceEngine, PrefillEngine, SamplingParams
 from agentrl.env.base import Environment, Observation
 from agentrl.rewards.base import RewardInput
 from agentrl.tokenizer import ChatTokenizer
@@ -63,15 +66,52 @@ class _State:
         return len(self.token_ids) - self.prompt_len
 
 
+class SharedPrefill:
+    """Prefills a prompt once for the samples of a group. They start together with the same prompt and go to the same
+    server (one routing key), and SGLang matches its prefix cache when it schedules a request: none of them is cached
+    before their common batch has run, so each sample would prefill the whole prompt (8 samples, 8 prefills: in short
+    multi-turn episodes prefill is most of the rollout side's compute). The first sample of a (key, prompt) asks the
+    engine to prefill it alone; the others wait for that one request and then find the prompt cached. A failed or
+    interrupted prefill costs only the saving: the samples then generate as they would have."""
+
+    def __init__(self, engine: PrefillEngine, capacity: int = 4096) -> None:
+        self.engine = engine
+        self.capacity = capacity
+        self._done: OrderedDict[tuple[str, int, int], asyncio.Future[None]] = OrderedDict()
+
+    async def __call__(self, key: str, input_ids: Sequence[int]) -> None:
+        entry = (key, len(input_ids), hash(tuple(input_ids)))
+        shared = self._done.get(entry)
+        if shared is None:
+            shared = self._done[entry] = asyncio.ensure_future(self.engine.prefill(input_ids, sticky_key=key))
+            shared.add_done_callback(_quiet)
+            while len(self._done) > self.capacity:
+                self._done.popitem(last=False)
+        try:
+            await asyncio.shield(shared)  # one sample restarted for new weights must not cancel the others' prefill
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001  # any failure: generate without it (the generate call reports its own)
+            logger.debug("shared prefill for %s failed: %s", key, exc)
+
+
+def _quiet(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "exception was never retrieved" when every waiter was cancelled
+
+
 class EpisodeRunner:
     """Runs episodes of any :class:`Environment` against an :class:`InferenceEngine`."""
 
     def __init__(self, engine: InferenceEngine, tokenizer: ChatTokenizer, sampling: SamplingParams,
-                 budget: EpisodeBudget = EpisodeBudget()) -> None:
+                 budget: EpisodeBudget = EpisodeBudget(), *, share_prefill: bool = False) -> None:
+        """``share_prefill``: prefill the first prompt of the episodes of a group once (:class:`SharedPrefill`), for
+        runners whose groups hold several samples, on an engine that can (:class:`PrefillEngine`)."""
         self.engine = engine
         self.tok = tokenizer
         self.sampling = sampling
         self.budget = budget
+        self.shared_prefill = SharedPrefill(engine) if share_prefill and isinstance(engine, PrefillEngine) else None
 
     async def run(self, env: Environment, task: Task, *, env_name: str = "", group_id: str = "",
                   trajectory_id: str | None = None) -> Trajectory:
@@ -88,6 +128,8 @@ class EpisodeRunner:
         state = AgentState.GENERATE
         if st.prompt_len >= self.budget.max_context_tokens:
             st.finish, state = FinishReason.LENGTH, AgentState.DONE
+        elif self.shared_prefill is not None and group_id:
+            await self.shared_prefill(key, st.token_ids)
         while state is not AgentState.DONE:
             state = await (self._generate(st, env, key) if state is AgentState.GENERATE else self._act(st, env))
         result = (await env.score(RewardInput.from_turns(st.turns, st.finish))).raise_for_status(

@@ -106,6 +106,13 @@ class InferenceEngine(Protocol):
 
 
 @runtime_checkable
+class PrefillEngine(Protocol):
+    """An engine that can compute and cache a prompt's KV without generating (SGLang's prefill-only request)."""
+
+    async def prefill(self, input_ids: Sequence[int], *, sticky_key: str | None = None) -> None: ...
+
+
+@runtime_checkable
 class ControllableEngine(InferenceEngine, Protocol):
     """An engine the rollout scheduler can interrupt for a weight update (one server or a pool of them)."""
 

@@ -166,6 +166,30 @@ class SGLangClient:
             raise
         return parse_generate(out, url=self.url, latency_s=time.monotonic() - t0)
 
+    async def prefill(self, input_ids: Sequence[int], *, sticky_key: str | None = None) -> None:
+        """Compute and cache the KV of ``input_ids`` without generating (a prefill-only request, ``max_new_tokens``
+        0, as SGLang's own parallel sampling sends first): requests that then start with these tokens find them in
+        the server's prefix cache. Samples of one prompt sent together would each prefill it: SGLang matches the cache
+        when it schedules a request, and none of them is cached before their shared batch has run."""
+        del sticky_key  # one server: nothing to route
+        rids = [uuid.uuid4().hex]
+        ids = list(input_ids)
+
+        def payload() -> dict[str, Any]:
+            return {"rid": rids[-1], "input_ids": ids, "sampling_params": {"max_new_tokens": 0}}
+
+        def resend() -> dict[str, Any]:
+            self._abort_in_background(rids[-1])
+            rids.append(uuid.uuid4().hex)
+            return payload()
+
+        try:
+            await self._call("POST", "/generate", json=payload(), timeout_s=self.timeouts.generate_s, resend=resend)
+        except (EngineError, asyncio.CancelledError) as exc:
+            if not isinstance(exc, EngineUnavailable):
+                self._abort_in_background(rids[-1])
+            raise
+
     def _abort_in_background(self, rid: str) -> None:
         async def abort() -> None:
             try:

@@ -159,6 +159,25 @@ class EnginePool:
         finally:
             member.inflight -= 1
 
+    async def prefill(self, input_ids: Sequence[int], *, sticky_key: str | None = None) -> None:
+        """:meth:`SGLangClient.prefill` on the server that ``sticky_key``'s requests go to (the router's choice when
+        there is one)."""
+        if self._router is not None and self._router_up:
+            try:
+                return await self._router.prefill(input_ids)
+            except EngineUnavailable:  # generate notices and says so; this prefill just goes to a server
+                pass
+        member = await self._pick(sticky_key)
+        member.inflight += 1
+        try:
+            await member.client.prefill(input_ids)
+            member.last_progress = time.monotonic()
+        except EngineUnavailable:
+            self._suspect(member)
+            raise
+        finally:
+            member.inflight -= 1
+
     async def _pick(self, key: str | None) -> _Member:
         if key is not None and (m := self._routes.get(key)) is not None and m.state is MemberState.UP:
             self._routes.move_to_end(key)

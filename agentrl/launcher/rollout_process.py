@@ -217,7 +217,7 @@ class RolloutWorker:
         r = self.cfg.rollout
         if self.gateway is not None:
             return AgentRunner(self.gateway, self.tok, r.sampling, r.budget)
-        return EpisodeRunner(self.engine, self.tok, r.sampling, r.budget)
+        return EpisodeRunner(self.engine, self.tok, r.sampling, r.budget, share_prefill=r.scheduler.n_samples > 1)
 
     def _record_spawn(self, server: SGLangServer) -> None:
         if server.pid is not None:  # on_spawn comes after the spawn: always set

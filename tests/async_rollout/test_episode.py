@@ -11,7 +11,7 @@ import pytest
 from agentrl.async_rollout.episode import EpisodeBudget, EpisodeRunner
 from agentrl.engine.base import EngineFinish, GenerateResult, SamplingParams
 from agentrl.env.base import Environment, Observation, StepResult
-from agentrl.errors import RewardError
+from agentrl.errors import EngineError, RewardError
 from agentrl.rewards import RewardInput, RewardResult
 from agentrl.types import FinishReason, Task, ToolCall, ToolResult
 
@@ -152,3 +152,60 @@ async def test_reward_infrastructure_failure_raises_instead_of_scoring_zero(chat
     with pytest.raises(RewardError, match="task 'p'.*sandbox down"):
         await EpisodeRunner(engine, chat_tokenizer, SamplingParams()).run(Broken(), Task(id="p", prompt="?"))
     assert len(engine.requests) == 1  # the episode ran; only its score is missing
+
+
+@dataclass
+class PrefillingEngine(ScriptedEngine):
+    """A ScriptedEngine that can prefill; ``log`` orders its prefill and generate calls, ``gate`` holds prefills."""
+
+    log: list[tuple[str, str | None, int]] = field(default_factory=list)
+    gate: Any = None
+    fail: bool = False
+
+    async def prefill(self, input_ids: Sequence[int], *, sticky_key=None) -> None:
+        self.log.append(("prefill", sticky_key, len(input_ids)))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise EngineError("POST http://s/generate failed with HTTP 500")
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key=None):
+        self.log.append(("generate", sticky_key, len(input_ids)))
+        return await super().generate(input_ids, sampling, sticky_key=sticky_key)
+
+
+async def test_the_samples_of_a_group_prefill_their_prompt_once_before_generating(chat_tokenizer):
+    import asyncio
+
+    engine = PrefillingEngine(chat_tokenizer, [("So it is \\boxed{7}.", EngineFinish.STOP)] * 6, gate=asyncio.Event())
+    runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=64), share_prefill=True)
+    task = Task(id="p", prompt="3+4?", answer="7")
+    group = [asyncio.create_task(runner.run(EchoToolEnv(), task, group_id="g1")) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    assert engine.log == [("prefill", "g1", len(chat_tokenizer.encode_prompt([{"role": "user",
+                                                                                "content": "3+4?"}])))]
+    engine.gate.set()  # the prefill is done: now every sample generates, finding the prompt cached
+    trajs = await asyncio.gather(*group)
+    assert [e[0] for e in engine.log] == ["prefill"] + ["generate"] * 4
+    assert all(t.reward == 1.0 for t in trajs)
+    # another group (another routing key) prefills its own; a sample restarted later finds it done
+    await runner.run(EchoToolEnv(), task, group_id="g2")
+    await runner.run(EchoToolEnv(), task, group_id="g2")
+    assert [e[:2] for e in engine.log[5:]] == [("prefill", "g2"), ("generate", "g2"), ("generate", "g2")]
+
+
+async def test_a_failed_shared_prefill_leaves_the_samples_generating_as_before(chat_tokenizer):
+    import asyncio
+
+    engine = PrefillingEngine(chat_tokenizer, [("So it is \\boxed{7}.", EngineFinish.STOP)] * 3, fail=True)
+    runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=64), share_prefill=True)
+    task = Task(id="p", prompt="3+4?", answer="7")
+    trajs = await asyncio.gather(*(runner.run(EchoToolEnv(), task, group_id="g") for _ in range(3)))
+    assert [e[0] for e in engine.log] == ["prefill"] + ["generate"] * 3 and all(t.reward == 1.0 for t in trajs)
+    # off, or on an engine that cannot prefill, or for an episode outside a group: no prefill request
+    engine = PrefillingEngine(chat_tokenizer, [("So it is \\boxed{7}.", EngineFinish.STOP)] * 2)
+    await EpisodeRunner(engine, chat_tokenizer, SamplingParams()).run(EchoToolEnv(), task, group_id="g")
+    await EpisodeRunner(engine, chat_tokenizer, SamplingParams(), share_prefill=True).run(EchoToolEnv(), task)
+    assert [e[0] for e in engine.log] == ["generate", "generate"]
+    assert EpisodeRunner(ScriptedEngine(chat_tokenizer, []), chat_tokenizer, SamplingParams(),
+                         share_prefill=True).shared_prefill is None

@@ -122,3 +122,34 @@ async def test_unreachable_server_is_an_engine_error_not_a_hang():
     async with SGLangClient(f"http://127.0.0.1:{free_port()}", retry=Retry(attempts=2, base_delay_s=0.01)) as c:
         with pytest.raises(EngineError, match="after 2 attempts"):
             await c.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+
+
+async def test_a_group_prefills_its_prompt_once_and_every_sample_finds_it_cached(sglang_url, chat_tokenizer):
+    """SharedPrefill against the real server: SGLang's prefill-only request caches the prompt, and each sample's
+    first turn reports the whole prompt as cached (``meta_info.cached_tokens``), not prefilled again."""
+    import uuid
+
+    class Cached(Recording):
+        def __init__(self, client: SGLangClient) -> None:
+            super().__init__(client)
+            self.cached: list[tuple[int, int]] = []  # (prompt tokens sent, of them cached)
+            self.prefills = 0
+
+        async def prefill(self, input_ids: Sequence[int], *, sticky_key=None) -> None:
+            self.prefills += 1
+            await self.client.prefill(input_ids, sticky_key=sticky_key)
+
+        async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key=None):
+            out = await self.client.generate(input_ids, sampling)
+            self.cached.append((len(input_ids), int(out.meta.get("cached_tokens", -1))))
+            return out
+
+    async with SGLangClient(sglang_url) as client:
+        engine = Cached(client)
+        runner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=8, temperature=1.0),
+                               EpisodeBudget(max_turns=1), share_prefill=True)
+        task = Task(id="p", prompt=f"A prompt nobody sent before: {uuid.uuid4().hex} " * 3)
+        trajs = await asyncio.gather(*(runner.run(NoStopEnv(), task, group_id="g") for _ in range(4)))
+    assert engine.prefills == 1 and len(engine.cached) == 4
+    assert all(cached >= sent - 1 for sent, cached in engine.cached), engine.cached  # SGLang recomputes the last
+    assert {t.prompt_len for t in trajs} == {engine.cached[0][0]}

@@ -78,6 +78,11 @@ class FakeClient:
             raise EngineUnavailable(f"{self.url}: the server dropped the connection")
         return GenerateResult([7], [-0.5], [self.version], EngineFinish.STOP)
 
+    async def prefill(self, ids: Sequence[int], *, sticky_key=None) -> None:
+        self.calls.append(("prefill", tuple(ids)))
+        if not self._alive():
+            raise EngineUnavailable(f"{self.url}: the server dropped the connection")
+
     async def update_weights(self, path: str, version: int) -> None:
         self.calls.append(("update_weights", path, version))
         if self.die_on_update and self.server is not None:
@@ -152,6 +157,20 @@ async def test_sticky_keys_stay_on_one_server_and_new_keys_go_to_the_least_busy(
         for _ in range(3):  # later turns of the same episode: same server, whatever the load
             await pool.generate([i, 99], SP, sticky_key=f"k{i}")
         assert sum(1 for call in clients[home].calls if call[1][0] == i) == 4
+    await pool.aclose()
+
+
+async def test_a_prefill_goes_where_its_keys_generate_calls_go():
+    pool, servers, clients = make_pool(3)
+    await pool.prefill([5, 6], sticky_key="group-1")
+    home = pool.route_of("group-1")
+    assert home is not None and clients[home].calls == [("prefill", (5, 6))]
+    for _ in range(3):  # the group's samples, whatever the load
+        await pool.generate([5, 6], SP, sticky_key="group-1")
+    assert [c[0] for c in clients[home].calls] == ["prefill", "generate", "generate", "generate"]
+    servers[home].up = False  # the server died: the pool hears it from the prefill too
+    with pytest.raises(EngineUnavailable):
+        await pool.prefill([5, 6], sticky_key="group-1")
     await pool.aclose()
 
 
