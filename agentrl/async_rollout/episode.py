@@ -77,27 +77,33 @@ class SharedPrefill:
     def __init__(self, engine: PrefillEngine, capacity: int = 4096) -> None:
         self.engine = engine
         self.capacity = capacity
-        self._done: OrderedDict[tuple[str, int, int], asyncio.Future[None]] = OrderedDict()
+        self._pending: OrderedDict[tuple[str, int, int], asyncio.Future[None]] = OrderedDict()
 
     async def __call__(self, key: str, input_ids: Sequence[int]) -> None:
         entry = (key, len(input_ids), hash(tuple(input_ids)))
-        shared = self._done.get(entry)
+        shared = self._pending.get(entry)
         if shared is None:
-            shared = self._done[entry] = asyncio.ensure_future(self.engine.prefill(input_ids, sticky_key=key))
-            shared.add_done_callback(_quiet)
-            while len(self._done) > self.capacity:
-                self._done.popitem(last=False)
+            shared = self._pending[entry] = asyncio.ensure_future(self.engine.prefill(input_ids, sticky_key=key))
+            # forgotten once done: a sample that comes later, or the group retried after a weight update flushed the
+            # cache, prefills again (a cached prompt costs SGLang one token)
+            shared.add_done_callback(lambda done: self._forget(entry, done))
+            while len(self._pending) > self.capacity:
+                self._pending.popitem(last=False)
         try:
             await asyncio.shield(shared)  # one sample restarted for new weights must not cancel the others' prefill
         except asyncio.CancelledError:
-            raise
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this sample is cancelled; the prefill goes on for the others
+            logger.debug("shared prefill for %s was cancelled", key)  # the prefill was: generate without it
         except Exception as exc:  # noqa: BLE001  # any failure: generate without it (the generate call reports its own)
             logger.debug("shared prefill for %s failed: %s", key, exc)
 
-
-def _quiet(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: no "exception was never retrieved" when every waiter was cancelled
+    def _forget(self, entry: tuple[str, int, int], done: asyncio.Future[None]) -> None:
+        if self._pending.get(entry) is done:
+            del self._pending[entry]
+        if not done.cancelled():
+            done.exception()  # retrieved: no "exception was never retrieved" when every waiter was cancelled
 
 
 class EpisodeRunner:

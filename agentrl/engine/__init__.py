@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         GenerateResult,
         InferenceEngine,
         PauseMode,
+        PrefillEngine,
         SamplingParams,
     )
     from agentrl.engine.client import Retry, SGLangClient
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 _HOME = {
     **dict.fromkeys(["PAUSE_MODES", "ChatEngine", "ChatResult", "ChatToolCall", "ControllableEngine", "EngineFinish", "EngineTimeout", "EngineUnavailable",
-                     "GenerateResult", "InferenceEngine", "PauseMode", "SamplingParams"], "base"),
+                     "GenerateResult", "InferenceEngine", "PauseMode", "PrefillEngine", "SamplingParams"], "base"),
     **dict.fromkeys(["Retry", "SGLangClient"], "client"),
     **dict.fromkeys(["PoolConfig", "Timeouts"], "config"),
     **dict.fromkeys(["OpenAIChatClient"], "openai_chat"),
@@ -46,7 +47,7 @@ _HOME = {
 __all__ = [
     "PAUSE_MODES", "ChatEngine", "ChatResult", "ChatToolCall", "ControllableEngine", "EngineFinish", "EnginePool",
     "EngineTimeout", "EngineUnavailable", "GenerateResult", "InferenceEngine", "MemberState", "MemberStats",
-    "OpenAIChatClient", "PauseMode", "PoolConfig", "Retry", "SGLangClient",
+    "OpenAIChatClient", "PauseMode", "PoolConfig", "PrefillEngine", "Retry", "SGLangClient",
     "SGLangServer", "SGLangServerConfig", "SamplingParams", "Timeouts", "pool_configs",
 ]
 

@@ -165,8 +165,10 @@ class EnginePool:
         if self._router is not None and self._router_up:
             try:
                 return await self._router.prefill(input_ids)
-            except EngineUnavailable:  # generate notices and says so; this prefill just goes to a server
-                pass
+            except EngineUnavailable as exc:  # as in generate: route ourselves until it answers again
+                self._router_up = False
+                logger.error("sglang-router %s does not answer (%s); routing to the servers directly until it does",
+                             self._router.url, exc)
         member = await self._pick(sticky_key)
         member.inflight += 1
         try:

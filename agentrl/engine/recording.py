@@ -31,6 +31,10 @@ class RecordingEngine:
         self._file.flush()
         return out
 
+    async def prefill(self, input_ids: Sequence[int], *, sticky_key: str | None = None) -> None:
+        # explicit, not through __getattr__: isinstance(…, PrefillEngine) looks attributes up statically (3.12+)
+        await self.inner.prefill(input_ids, sticky_key=sticky_key)
+
     def __getattr__(self, name: str) -> Any:  # update_weights, pause, resume, weight_version, …
         return getattr(self.inner, name)
 

@@ -165,6 +165,7 @@ class SGLangServer:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.pop("AGENTRL_CPU_KERNEL_LIB", None)  # only :meth:`prepare` names it: the library it built for this server
         if self.config.device == "cpu":
             env["SGLANG_USE_CPU_ENGINE"] = "1"
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SGL_KERNEL_CPU_DIR), env.get("PYTHONPATH")) if p)

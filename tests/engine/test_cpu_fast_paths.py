@@ -320,6 +320,8 @@ def test_prepare_turns_the_kernel_off_for_a_server_when_it_cannot_be_built(monke
     off = SGLangServerConfig(model_path="/m", device="cpu", env={"AGENTRL_SGLANG_CPU_PATCHES": "0"})
     assert SGLangServer(off).prepare() == {}
     assert not list(tmp_path.rglob("*.so"))
+    monkeypatch.setenv("AGENTRL_CPU_KERNEL_LIB", str(tmp_path / "another-torch.so"))  # inherited: never passed on
+    assert "AGENTRL_CPU_KERNEL_LIB" not in SGLangServer(off).environment()
 
 
 def test_uncovered_calls_go_to_the_original() -> None:
@@ -392,7 +394,13 @@ def test_a_batch_mixing_greedy_and_sampled_rows_is_drawn_as_sglangs_filtering_sa
     from sglang.srt.layers.sampler import TOP_K_ALL
     from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch as sglangs
 
-    fast = _load_fast_paths()._filtering_sampler_with_fast_path(sglangs)
+    handed: list[int] = []  # rows each call handed to SGLang's function
+
+    def counting(probs: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        handed.append(probs.shape[0])
+        return sglangs(probs, *args, **kw)
+
+    fast = _load_fast_paths()._filtering_sampler_with_fast_path(counting)
     torch.manual_seed(0)
     vocab, n = 1000, 20_000
     support = torch.tensor([0, 255, 256, 511, 700, 999])
@@ -411,6 +419,7 @@ def test_a_batch_mixing_greedy_and_sampled_rows_is_drawn_as_sglangs_filtering_sa
     assert a[row == 0].sum() == b[row == 0].sum() == 0
     chi2 = float(((a[support] - b[support]) ** 2 / (a[support] + b[support])).sum())
     assert chi2 < 20.5, (a[support].tolist(), b[support].tolist())
+    assert handed == []  # nothing of that batch sorted: the fast path drew every row
 
     # rows that cut (top-k 2, top-p 0.5, min-p): only the surviving tokens, as SGLang keeps them
     cut_ks = torch.tensor([2, TOP_K_ALL, TOP_K_ALL, 1])
@@ -419,6 +428,7 @@ def test_a_batch_mixing_greedy_and_sampled_rows_is_drawn_as_sglangs_filtering_sa
     for _ in range(50):
         got = fast(many, cut_ks, cut_ps, cut_min, True, None, torch.zeros(4, dtype=torch.long)).tolist()
         assert got[0] in (700, 511, 999) and got[1] in (700, 511, 999) and got[2] == 700 and got[3] == 700
+    assert handed == [3] * 50  # the three rows with a cut went to SGLang's function, the greedy one did not
 
     calls = []
 

@@ -245,7 +245,7 @@ def _filtering_sampler_with_fast_path(original: Any) -> Any:
         rest = ~(greedy | unfiltered)
         if bool(rest.any()):
             out[rest] = original(probs[rest], top_ks[rest], top_ps[rest], min_ps[rest], need_min_p_sampling, None,
-                                 positions[rest] if positions is not None else positions, max_top_k=max_top_k)
+                                 positions, max_top_k=max_top_k)  # positions: read only with a seed
         return out
 
     top_k_top_p_min_p_sampling_from_probs_torch.agentrl_fast = True  # type: ignore[attr-defined]
