@@ -21,5 +21,5 @@ filter() { grep -v "^WARNING: Location 'file:" || true; }
 # SGLang's CPU decode attention, compiled for this machine (agentrl/engine/sgl_kernel_cpu/sgl_kernel/_native.py),
 # here so that the first server start does not wait for it. Never fatal: without a compiler the servers decode in
 # PyTorch (and say so).
-"$VENV/bin/python" -c "from agentrl.engine.server import build_cpu_kernels as build; why = build()
-print('agentrl: SGLang CPU decode kernel', 'ready' if why is None else 'not built, the servers decode in PyTorch: ' + why)" 2>&1 | tail -3 || true
+"$VENV/bin/python" -c "from agentrl.engine.server import describe_cpu_kernel_build as d; print(d())" 2>&1 | tail -3 \
+    || true

@@ -42,6 +42,13 @@ def build_cpu_kernels(env: Mapping[str, str] | None = None) -> tuple[Path | None
     return _build_cpu_kernels(env.get("CXX"), env.get("PATH"), env.get("AGENTRL_CACHE_DIR"))
 
 
+def describe_cpu_kernel_build(env: Mapping[str, str] | None = None) -> str:
+    """:func:`build_cpu_kernels`, as the line ``make install`` prints (``scripts/install_venv.sh``)."""
+    built, why = build_cpu_kernels(env)
+    return "agentrl: SGLang CPU decode kernel " + (
+        "ready" if built is not None else f"not built, the servers decode in PyTorch: {why}")
+
+
 @functools.cache
 def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> tuple[Path | None, str | None]:
     import importlib.util

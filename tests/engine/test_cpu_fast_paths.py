@@ -324,6 +324,21 @@ def test_prepare_turns_the_kernel_off_for_a_server_when_it_cannot_be_built(monke
     assert "AGENTRL_CPU_KERNEL_LIB" not in SGLangServer(off).environment()
 
 
+def test_make_install_says_whether_the_kernel_was_built(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The line scripts/install_venv.sh prints, by the code it runs (a broken line once went unnoticed: the build
+    succeeded and the script's `|| true` swallowed the traceback)."""
+    from agentrl.engine.server import describe_cpu_kernel_build
+
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "install_venv.sh").read_text()
+    assert "from agentrl.engine.server import describe_cpu_kernel_build" in script
+    if _load_native().compiler() is not None:
+        assert describe_cpu_kernel_build() == "agentrl: SGLang CPU decode kernel ready"
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-agentrl")
+    line = describe_cpu_kernel_build()
+    assert line.startswith("agentrl: SGLang CPU decode kernel not built, the servers decode in PyTorch: no C++")
+
+
 def test_uncovered_calls_go_to_the_original() -> None:
     calls, original = _recording_original()
     batched = _load_fast_paths().batched_forward_decode(original)
