@@ -145,25 +145,8 @@ class SGLangClient:
     ) -> GenerateResult:
         del sticky_key  # one server: nothing to route
         t0 = time.monotonic()
-        rids = [uuid.uuid4().hex]
-        ids, params = list(input_ids), sampling.to_sglang()
-
-        def payload() -> dict[str, Any]:
-            return {"rid": rids[-1], "input_ids": ids, "sampling_params": params, "return_logprob": True,
-                    "logprob_start_len": -1}
-
-        def resend() -> dict[str, Any]:
-            self._abort_in_background(rids[-1])  # the server may have received the last send: stop it
-            rids.append(uuid.uuid4().hex)
-            return payload()
-
-        try:
-            out = await self._call("POST", "/generate", json=payload(), timeout_s=self.timeouts.generate_s,
-                                   resend=resend)
-        except (EngineError, asyncio.CancelledError) as exc:
-            if not isinstance(exc, EngineUnavailable):
-                self._abort_in_background(rids[-1])  # the server may still be generating it
-            raise
+        out = await self._generate_call({"input_ids": list(input_ids), "sampling_params": sampling.to_sglang(),
+                                         "return_logprob": True, "logprob_start_len": -1})
         return parse_generate(out, url=self.url, latency_s=time.monotonic() - t0)
 
     async def prefill(self, input_ids: Sequence[int], *, sticky_key: str | None = None) -> None:
@@ -172,22 +155,27 @@ class SGLangClient:
         the server's prefix cache. Samples of one prompt sent together would each prefill it: SGLang matches the cache
         when it schedules a request, and none of them is cached before their shared batch has run."""
         del sticky_key  # one server: nothing to route
+        await self._generate_call({"input_ids": list(input_ids), "sampling_params": {"max_new_tokens": 0}})
+
+    async def _generate_call(self, body: dict[str, Any]) -> Any:
+        """One ``/generate`` request: each send with a fresh rid, and the request aborted on the server whenever
+        we stop waiting for it while it may still run there."""
         rids = [uuid.uuid4().hex]
-        ids = list(input_ids)
 
         def payload() -> dict[str, Any]:
-            return {"rid": rids[-1], "input_ids": ids, "sampling_params": {"max_new_tokens": 0}}
+            return {"rid": rids[-1], **body}
 
         def resend() -> dict[str, Any]:
-            self._abort_in_background(rids[-1])
+            self._abort_in_background(rids[-1])  # the server may have received the last send: stop it
             rids.append(uuid.uuid4().hex)
             return payload()
 
         try:
-            await self._call("POST", "/generate", json=payload(), timeout_s=self.timeouts.generate_s, resend=resend)
+            return await self._call("POST", "/generate", json=payload(), timeout_s=self.timeouts.generate_s,
+                                    resend=resend)
         except (EngineError, asyncio.CancelledError) as exc:
             if not isinstance(exc, EngineUnavailable):
-                self._abort_in_background(rids[-1])
+                self._abort_in_background(rids[-1])  # the server may still be generating it
             raise
 
     def _abort_in_background(self, rid: str) -> None:

@@ -27,9 +27,9 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 from agentrl.engine.base import EngineTimeout, EngineUnavailable, GenerateResult, PauseMode, SamplingParams
 from agentrl.engine.client import SGLangClient
@@ -37,6 +37,8 @@ from agentrl.engine.config import PoolConfig
 from agentrl.engine.weight_sync import AsStarted, FromDisk, Outcome, WeightSource
 from agentrl.errors import EngineError
 from agentrl.retry import Retry
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -139,41 +141,30 @@ class EnginePool:
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *,
                        sticky_key: str | None = None) -> GenerateResult:
+        return await self._routed(sticky_key, lambda client: client.generate(input_ids, sampling), count=True)
+
+    async def prefill(self, input_ids: Sequence[int], *, sticky_key: str | None = None) -> None:
+        """:meth:`SGLangClient.prefill` on the server that ``sticky_key``'s requests go to (the router's choice when
+        there is one)."""
+        await self._routed(sticky_key, lambda client: client.prefill(input_ids), count=False)
+
+    async def _routed(self, sticky_key: str | None, call: Callable[[Any], Awaitable[T]], *, count: bool) -> T:
+        """``call(client)`` through the router while it answers, else on ``sticky_key``'s server; ``count``: a
+        request in the member's stats."""
         if self._router is not None and self._router_up:
             try:
-                return await self._router.generate(input_ids, sampling)
+                return await call(self._router)
             except EngineUnavailable as exc:  # the router is gone: route ourselves until it answers again
                 self._router_up = False
                 logger.error("sglang-router %s does not answer (%s); routing to the servers directly until it does",
                              self._router.url, exc)
         member = await self._pick(sticky_key)
         member.inflight += 1
-        member.requests += 1
+        member.requests += count
         try:
-            result = await member.client.generate(input_ids, sampling)
+            result = await call(member.client)
             member.last_progress = time.monotonic()
             return result
-        except EngineUnavailable:
-            self._suspect(member)
-            raise
-        finally:
-            member.inflight -= 1
-
-    async def prefill(self, input_ids: Sequence[int], *, sticky_key: str | None = None) -> None:
-        """:meth:`SGLangClient.prefill` on the server that ``sticky_key``'s requests go to (the router's choice when
-        there is one)."""
-        if self._router is not None and self._router_up:
-            try:
-                return await self._router.prefill(input_ids)
-            except EngineUnavailable as exc:  # as in generate: route ourselves until it answers again
-                self._router_up = False
-                logger.error("sglang-router %s does not answer (%s); routing to the servers directly until it does",
-                             self._router.url, exc)
-        member = await self._pick(sticky_key)
-        member.inflight += 1
-        try:
-            await member.client.prefill(input_ids)
-            member.last_progress = time.monotonic()
         except EngineUnavailable:
             self._suspect(member)
             raise
