@@ -217,7 +217,22 @@ class RolloutWorker:
         r = self.cfg.rollout
         if self.gateway is not None:
             return AgentRunner(self.gateway, self.tok, r.sampling, r.budget)
-        return EpisodeRunner(self.engine, self.tok, r.sampling, r.budget, share_prefill=r.scheduler.n_samples > 1)
+        return EpisodeRunner(self.engine, self.tok, r.sampling, r.budget, share_prefill=self._shares_prefill())
+
+    def _shares_prefill(self) -> bool:
+        """Whether a group's first prompt is prefilled once for its samples (:class:`SharedPrefill`): groups of
+        several samples whose requests reach the server that holds the prefill. The pool's own routing is sticky to
+        the group's key, and so is, in effect, a ``cache_aware`` router (it sends a prompt where its prefix is
+        cached); ``round_robin``, ``random`` and ``power_of_two`` spread a group's samples over the servers, where
+        the prefill would be one more request on one of them."""
+        e = self.cfg.engine
+        if self.cfg.rollout.scheduler.n_samples < 2:
+            return False
+        if e.router and e.router_policy != "cache_aware":
+            logger.info("groups' prompts are not prefilled once: the sglang-router's policy %s does not send a "
+                        "group's samples to the server holding the prefill (cache_aware does)", e.router_policy)
+            return False
+        return True
 
     def _record_spawn(self, server: SGLangServer) -> None:
         if server.pid is not None:  # on_spawn comes after the spawn: always set

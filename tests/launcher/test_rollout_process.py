@@ -68,3 +68,24 @@ def test_the_worker_reports_memory_only_from_a_sampler_of_its_own(tmp_path: Path
     own.memory.sample()
     report = asyncio.run(own.memory_report())
     assert report is not None and report["peaks"]["rollout"] > 0 and report["processes"] == 1
+
+
+@pytest.mark.parametrize(("overrides", "shared"), [
+    ([], True),  # the pool's sticky routing: a group's samples on one server
+    (["engine.router=true"], True),  # cache_aware, the default policy: where the prefix is cached
+    (["engine.router=true", "engine.router_policy=round_robin"], False),  # the samples spread over the servers
+    (["engine.router=true", "engine.router_policy=power_of_two"], False),
+    (["rollout.n_samples=1"], False),  # nothing to share
+])
+def test_a_groups_prompt_is_prefilled_once_only_where_its_samples_meet_the_prefill(
+        tmp_path: Path, overrides: list[str], shared: bool) -> None:
+    from agentrl.async_rollout.episode import SharedPrefill
+
+    class Engine:  # prefill-capable: the runner's choice is the launcher's
+        async def generate(self, input_ids, sampling, *, sticky_key=None): ...
+        async def prefill(self, input_ids, *, sticky_key=None): ...
+
+    cfg = load_config(None, ["rollout.n_samples=4", *overrides])
+    worker = RolloutWorker(cfg, tmp_path, "redis://unused")
+    worker.engine, worker.tok = Engine(), object()
+    assert isinstance(worker._runner().shared_prefill, SharedPrefill) is shared
