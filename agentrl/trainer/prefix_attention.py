@@ -28,8 +28,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from agentrl.trainer import sdpa_precision
 
 ATTENTION = "agentrl_sdpa"  # the attn_implementation name the trainer loads its models with
 
@@ -101,11 +102,11 @@ def prefix_attention_forward(query: Tensor, key: Tensor, value: Tensor, layout: 
 
     q, k, v = flat(query), flat(key), flat(value)
     kp, vp = _gather(k, layout.prefix_index), _gather(v, layout.prefix_index)
-    out_p = F.scaled_dot_product_attention(_gather(q, layout.prefix_index), kp, vp, attn_mask=layout.prefix_mask,
+    out_p = sdpa_precision.sdpa(_gather(q, layout.prefix_index), kp, vp, attn_mask=layout.prefix_mask,
                                            scale=scaling, enable_gqa=gqa)
     kc = torch.cat([kp.index_select(0, layout.cont_unit), _gather(k, layout.cont_index)], dim=2)
     vc = torch.cat([vp.index_select(0, layout.cont_unit), _gather(v, layout.cont_index)], dim=2)
-    out_c = F.scaled_dot_product_attention(_gather(q, layout.cont_index), kc, vc, attn_mask=layout.cont_mask,
+    out_c = sdpa_precision.sdpa(_gather(q, layout.cont_index), kc, vc, attn_mask=layout.cont_mask,
                                            scale=scaling, enable_gqa=gqa)
     done = torch.cat([out_p.transpose(1, 2).reshape(-1, heads, dim), out_c.transpose(1, 2).reshape(-1, heads, dim)])
     out = query.new_zeros(rows * width, heads, dim).index_copy(0, layout.dst, done.index_select(0, layout.src))
@@ -132,8 +133,14 @@ def attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor
         return prefix_attention_forward(query, key, value, prefix_attention, scaling), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  **kwargs)
+    if not sdpa_precision.upcasts(query, key):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    out, _ = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                    dropout=dropout, scaling=scaling, **kwargs)
+    return out.to(query.dtype), None
 
 
 def register() -> None:

@@ -1,0 +1,107 @@
+"""bf16 training's attention on a CPU, computed in fp32 where that is faster on this machine (measured at run time).
+
+PyTorch's CPU scaled dot-product attention (its flash kernel, the one SDPA picks on a CPU) is slower in bf16 than
+in fp32 for the short sequences of agentic RL: on a Zen 4 EPYC core (``avx512_bf16``, torch 2.14) the forward and
+backward of 8 responses of 70 tokens against 156 keys took 22.5 ms in bf16 and 13.1 ms with the queries, keys and
+values cast to fp32 and the output cast back (1.7x; 2.2x for one 86-token prompt), where at 1,024 keys bf16 was
+the faster (0.81x); forward alone the two were within 3-13 %. Attention was ~13 % of the demo's bf16 RL step there
+(py-spy). Other CPUs differ (AMX computes bf16 natively), so nothing here is fixed to one: at the first attention
+call of a bf16 model on a CPU, :func:`upcast_limit` times both ways for that call's heads at key
+lengths 128, 256, 512 and 1,024 (alternating, best of 3; under a second) and keeps the longest length up to which
+fp32 won by :data:`MIN_GAIN`. Calls with more keys, or not in bf16 on a CPU, are left as they are. Passes without
+gradients (reference, proximal and scoring passes) take the same path as the gradient pass over the same shapes,
+whatever it costs them (forward alone, fp32 was as fast or 3-13 % faster): the policy and its reference at the same
+weights must score identically (the KL term starts at 0, an on-policy ratio is 1).
+
+The fp32 path is no less exact: the same bf16 inputs, a softmax and sums in fp32, the output rounded to bf16 as the
+bf16 kernel's is; gradients reach the inputs in their own dtype through the casts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+LENGTHS = (128, 256, 512, 1024)  # key lengths measured, in order: bf16 gains on fp32 as they grow
+MIN_GAIN = 1.1  # fp32 must be this much faster at a length to be used up to it
+_limits: dict[tuple[int, int, int], int] = {}  # (heads, kv heads, head dim) → longest key length computed in fp32
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, up: bool) -> None:
+    if up:
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                             enable_gqa=q.shape[1] != k.shape[1]).to(q.dtype)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    out.float().sum().backward()
+
+
+def time_pair(heads: int, kv_heads: int, dim: int, keys: int, rounds: int = 3) -> tuple[float, float]:
+    """Seconds of one forward and backward of causal attention over ``keys`` tokens (~2,048 query tokens in all) in
+    bf16 and with an fp32 upcast: the best of ``rounds``, alternating."""
+    n = max(1, 2048 // keys)
+    q = torch.randn(n, heads, keys, dim, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(n, kv_heads, keys, dim, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(n, kv_heads, keys, dim, dtype=torch.bfloat16, requires_grad=True)
+    mask = torch.ones(keys, keys, dtype=torch.bool).tril()[None, None].expand(n, 1, keys, keys)
+    best = [float("inf"), float("inf")]
+    for r in range(rounds + 1):  # the first round warms both up
+        for up in (False, True) if r % 2 else (True, False):
+            t = time.perf_counter()
+            _attend(q, k, v, mask, up)
+            if r:
+                best[up] = min(best[up], time.perf_counter() - t)
+            q.grad = k.grad = v.grad = None
+    return best[0], best[1]
+
+
+def measure_limit(heads: int, kv_heads: int, dim: int,
+                  timer: Callable[[int, int, int, int], tuple[float, float]] = time_pair) -> int:
+    """The longest of :data:`LENGTHS` up to which fp32 attention beat bf16 by :data:`MIN_GAIN` (0: at none),
+    stopping at the first length where it did not."""
+    limit, seen = 0, []
+    for keys in LENGTHS:
+        bf16_s, fp32_s = timer(heads, kv_heads, dim, keys)
+        seen.append(f"{keys}: {bf16_s / fp32_s:.2f}x")
+        if bf16_s < MIN_GAIN * fp32_s:
+            break
+        limit = keys
+    logger.info("bf16 attention computed in fp32 up to %d keys on this CPU (forward and backward, bf16 time / fp32 time "
+                "at %s)", limit, ", ".join(seen))
+    return limit
+
+
+def upcast_limit(heads: int, kv_heads: int, dim: int) -> int:
+    """:func:`measure_limit` for these heads, measured once per process."""
+    key = (heads, kv_heads, dim)
+    if key not in _limits:
+        with torch.enable_grad():
+            _limits[key] = measure_limit(heads, kv_heads, dim)
+    return _limits[key]
+
+
+def upcasts(query: Tensor, key: Tensor) -> bool:
+    """Whether attention over ``query`` ``[..., heads, T, d]`` and ``key`` ``[..., kv_heads, S, d]`` is computed in
+    fp32 here: bf16 on a CPU with no more keys than this machine's measured limit (with or without gradients: the
+    same shapes always take the same path)."""
+    if query.dtype != torch.bfloat16 or query.device.type != "cpu":
+        return False
+    return key.shape[-2] <= upcast_limit(query.shape[-3], key.shape[-3], query.shape[-1])
+
+
+def sdpa(query: Tensor, key: Tensor, value: Tensor, **kwargs: object) -> Tensor:
+    """``F.scaled_dot_product_attention``, in fp32 where :func:`upcasts` says so (a floating-point mask follows)."""
+    if not upcasts(query, key):
+        return F.scaled_dot_product_attention(query, key, value, **kwargs)  # type: ignore[arg-type]
+    mask = kwargs.get("attn_mask")
+    if isinstance(mask, Tensor) and mask.is_floating_point():
+        kwargs["attn_mask"] = mask.float()
+    out = F.scaled_dot_product_attention(query.float(), key.float(), value.float(), **kwargs)  # type: ignore[arg-type]
+    return out.to(query.dtype)

@@ -1,0 +1,73 @@
+"""bf16 attention computed in fp32 where this CPU is faster so: the measured choice and its results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from agentrl.trainer import sdpa_precision
+
+
+def _timer(gains: dict[int, float]):
+    """A fake timer: bf16 takes ``gain`` times fp32's time at each key length."""
+    calls = []
+
+    def timer(heads, kv_heads, dim, keys):
+        calls.append(keys)
+        return gains[keys], 1.0
+
+    return timer, calls
+
+
+@pytest.mark.parametrize(("gains", "limit", "timed"), [
+    ({128: 2.2, 256: 1.7, 512: 1.05, 1024: 0.8}, 256, [128, 256, 512]),  # stops at the first length fp32 loses
+    ({128: 1.0, 256: 3.0, 512: 3.0, 1024: 3.0}, 0, [128]),  # not faster by MIN_GAIN at the shortest: never
+    ({128: 2.0, 256: 2.0, 512: 2.0, 1024: 2.0}, 1024, [128, 256, 512, 1024]),
+])
+def test_the_limit_is_the_longest_key_length_up_to_which_fp32_won(gains, limit, timed) -> None:
+    timer, calls = _timer(gains)
+    assert sdpa_precision.measure_limit(9, 3, 64, timer=timer) == limit
+    assert calls == timed
+
+
+def test_timing_a_pair_runs_both_ways() -> None:
+    bf16_s, fp32_s = sdpa_precision.time_pair(2, 1, 16, 128, rounds=1)
+    assert 0 < bf16_s < 10 and 0 < fp32_s < 10
+
+
+def _qkv(dtype=torch.bfloat16, keys: int = 40, grad: bool = True):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, keys, 16, generator=g).to(dtype).requires_grad_(grad) for h in (4, 2, 2))
+    return q, k, v
+
+
+def test_only_bf16_cpu_attention_over_few_enough_keys_is_upcast_with_or_without_gradients(monkeypatch) -> None:
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16): 64})
+    q, k, _ = _qkv()
+    assert sdpa_precision.upcasts(q, k)
+    assert not sdpa_precision.upcasts(q, torch.zeros(2, 2, 65, 16, dtype=torch.bfloat16))  # over the limit
+    with torch.no_grad():
+        assert sdpa_precision.upcasts(q, k)  # a reference pass scores as the policy's gradient pass does
+    q32, k32, _ = _qkv(torch.float32)
+    assert not sdpa_precision.upcasts(q32, k32)
+
+
+def test_upcast_attention_is_fp32_attention_of_the_bf16_inputs_rounded_once(monkeypatch) -> None:
+    """Same inputs, fp32 softmax and sums, one rounding of the output to bf16; gradients arrive in bf16."""
+    mask = torch.ones(40, 40, dtype=torch.bool).tril()[None, None].expand(2, 1, 40, 40)
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16): 1024})
+    q, k, v = _qkv()
+    out = sdpa_precision.sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
+    ref = F.scaled_dot_product_attention(q.detach().float(), k.detach().float(), v.detach().float(), attn_mask=mask,
+                                         enable_gqa=True).to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16 and k.grad.abs().sum() > 0
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16): 0})  # over the limit: bf16's own kernel
+    q2, k2, v2 = _qkv()
+    direct = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(sdpa_precision.sdpa(q2, k2, v2, attn_mask=mask, enable_gqa=True), direct,
+                               rtol=0, atol=0)
+    torch.testing.assert_close(out, direct, atol=2e-2, rtol=0)  # both bf16 attention: round-off apart
