@@ -35,12 +35,17 @@ of the decoder; the reference is then the policy with its adapters off, no secon
 passes, not 3, for a step's forward and backward (the frozen base gets no weight gradients: forward + input
 gradients; the adapters' own FLOPs are left out).
 
+``--dtype bf16`` runs both sides in mixed precision (the trainer's ``dtype: bf16``; the minimal loop with FSDP2's
+``MixedPrecisionPolicy``: fp32 master weights, bf16 compute, fp32 gradient reduction) and measures the matmul rate in
+bf16; ``--dtype auto`` takes what the trainer's ``auto`` takes on this CPU (bf16 where it multiplies faster:
+agentrl.hardware). The default stays fp32 (the figures in docs/results.md before 2026-11-29 are fp32).
+
 Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 7] [--threads 1]
-[--shape demo --layout shared_prefix --kl-coef 0.05] [--quick] [--lora [--lora-r 16]]`` (``--shape demo``: the
+[--shape demo --layout shared_prefix --kl-coef 0.05] [--quick] [--lora [--lora-r 16]] [--dtype fp32|bf16|auto]`` (``--shape demo``: the
 demo's step, with its recipe's 1,024-token micro-batches unless ``--micro-batch-tokens`` says otherwise).
 Last line: ``trainer_vs_minimal_ratio=… trainer_vs_minimal_ratio_range=… rounds=…
 trainer_vs_minimal_cpu_ratio=… minimal_tokens_per_s=… trainer_tokens_per_s=… trainer_step_s=…
-trainer_peak_rss_gb=… trainer_mfu=… trainer_cpu_s=… lora=0|1 … cpu=… cores=… dtype=fp32 commit=… torch=… transformers=…``
+trainer_peak_rss_gb=… trainer_mfu=… trainer_cpu_s=… lora=0|1 … cpu=… cores=… dtype=fp32|bf16 commit=… torch=… transformers=…``
 (benchmarks/_common.py).
 """
 
@@ -67,9 +72,10 @@ from _common import (  # this folder's
 )
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from agentrl.hardware import resolve_dtype
 from agentrl.models import resolve_model
 from agentrl.trainer import Trainer, TrainerConfig
 from agentrl.types import FinishReason, Trajectory
@@ -111,10 +117,10 @@ def make_demo_batch(groups: int, group_size: int, seed: int = 0) -> list[Traject
     return out
 
 
-def matmul_flops(hidden: int, inter: int, threads: int, reps: int = 30) -> float:
-    """fp32 FLOP/s per core of ``[2048, hidden] @ [hidden, inter]`` in this process: the best of ``reps`` by
+def matmul_flops(hidden: int, inter: int, threads: int, reps: int = 30, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s per core of ``[2048, hidden] @ [hidden, inter]`` in ``dtype`` in this process: the best of ``reps`` by
     process CPU time / ``threads`` (another process time-slicing the core stretches wall time, not CPU time)."""
-    a, b = torch.randn(2048, hidden), torch.randn(hidden, inter)
+    a, b = torch.randn(2048, hidden, dtype=dtype), torch.randn(hidden, inter, dtype=dtype)
     a @ b
     best = math.inf
     for _ in range(reps):
@@ -161,14 +167,9 @@ class MinimalLoop:
     GRPO advantages, token mean over the batch. What the trainer does beyond it: metrics (entropy, clip fractions,
     staleness), the micro-batch planner, chunked logits, the checks."""
 
-    def __init__(self, path: str, batch: list[Trajectory], lr: float, budget: int) -> None:
+    def __init__(self, path: str, batch: list[Trajectory], lr: float, budget: int, bf16: bool = False) -> None:
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
         self.model = _Scored(lm)
-        mesh = init_device_mesh("cpu", (1,))
-        for layer in lm.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(self.model, mesh=mesh)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
         rewards = torch.tensor([t.reward for t in batch])
         groups = [t.group_id for t in batch]
         adv = torch.zeros(len(batch))
@@ -201,7 +202,14 @@ class MinimalLoop:
             self.rows.append((torch.tensor(ids)[None], torch.tensor(pos)[None], torch.tensor(index),
                               torch.tensor(targets), torch.tensor(behav), torch.tensor(adv_row)))
         self.scored = sum(r[2].numel() for r in self.rows)
-        self._check_packing(batch, rows[0])
+        self._check_packing(batch, rows[0])  # in fp32, before any bf16 policy: its round-off would hide nothing
+        mesh = init_device_mesh("cpu", (1,))
+        # bf16: the usual mixed precision (fp32 master weights, bf16 compute, fp32 gradient reduction), as the trainer's
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        for layer in lm.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(self.model, mesh=mesh, mp_policy=mp)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
 
     @torch.no_grad()
     def _check_packing(self, batch: list[Trajectory], row: list[int]) -> None:
@@ -260,12 +268,15 @@ def main() -> None:
                     help="a check that the script runs: the tiny model, 4 trajectories, 2 rounds (not a figure)")
     ap.add_argument("--lora", action="store_true")
     ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "auto"], default="fp32")
     args = ap.parse_args()
     if args.quick:
         args.model, args.batch, args.rounds = "tiny", 4, 2
     if args.micro_batch_tokens is None:  # --shape demo times the demo's step: its recipe's micro-batches
         args.micro_batch_tokens = 1024 if args.shape == "demo" else 16384
-    env = environment(dtype="fp32", packages=("torch", "transformers"))
+    # auto: the trainer's own choice on this CPU (agentrl.hardware: bf16 where it multiplies faster)
+    dtype = resolve_dtype(args.dtype, "cpu").dtype
+    env = environment(dtype=dtype, packages=("torch", "transformers"))
     torch.set_num_threads(args.threads)
     path = str(resolve_model(args.model))
     batch = make_batch(args.batch) if args.shape == "random" else make_demo_batch(args.groups, args.group_size)
@@ -280,7 +291,7 @@ def main() -> None:
     cfg = TrainerConfig.model_validate(
         {
             "model": path,
-            "dtype": "fp32",
+            "dtype": dtype,
             "optimizer": {"lr": lr, "grad_clip": 1.0},
             "loss": {"correction": "none", "advantage": "grpo", "kl_coef": args.kl_coef},
             "micro_batch_tokens": args.micro_batch_tokens,
@@ -289,7 +300,8 @@ def main() -> None:
         }
     )
     lm_cfg = AutoConfig.from_pretrained(path)
-    rate0 = matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads)  # measured twice: the best
+    mm_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    rate0 = matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads, dtype=mm_dtype)  # twice: the best
     trainer = Trainer(cfg)
     version = 0
 
@@ -307,7 +319,7 @@ def main() -> None:
         runs = {"trainer": [timed(trainer_step) for _ in range(args.rounds)]}
         peak = peak_rss_gb()  # the trainer alone in the process: its peak over every step
     else:
-        minimal = MinimalLoop(path, batch, lr, args.micro_batch_tokens)
+        minimal = MinimalLoop(path, batch, lr, args.micro_batch_tokens, bf16=dtype == "bf16")
         minimal.step()  # its warm-up (the trainer's was above)
         # alternating rounds: load from other processes hits both alike; ratio = minimal wall / trainer wall
         cmp = interleaved(args.rounds, lambda: timed(minimal.step), lambda: timed(trainer_step),
@@ -316,14 +328,14 @@ def main() -> None:
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
     wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
     passes = (2 if args.lora else 3) + (1 if args.kl_coef > 0 else 0)  # LoRA: no weight gradients of the base
-    rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads))
+    rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads, dtype=mm_dtype))
     # per core-second of CPU time (a shared machine stretches wall time, not the work): threads x fastest CPU time
     core_s = min(c for _, c in runs["trainer"]) / args.threads
     mfu = step_flops(lm_cfg, batch, args.layout, passes) / core_s / rate
     chunk = getattr(trainer.config, "logits_chunk_tokens", None)
     checkpointing = getattr(trainer, "checkpointing", args.activation_checkpointing)
     print(
-        f"model={args.model} world_size=1 dtype=fp32 threads={args.threads} trajectories={len(batch)} "
+        f"model={args.model} world_size=1 dtype={dtype} threads={args.threads} trajectories={len(batch)} "
         f"tokens/step={tokens} layout={args.layout} kl_coef={args.kl_coef} micro_batch_tokens={args.micro_batch_tokens} "
         f"lora_r={args.lora_r if args.lora else None} "
         f"logits_chunk_tokens={chunk} activation_checkpointing={checkpointing} matmul_gflops={rate / 1e9:.1f}"
