@@ -97,3 +97,36 @@ def test_the_trainers_models_attend_unit_by_unit(tiny_model_path, monkeypatch) -
         ScoredLM(lm)(mb.input_ids, mb.position_ids, mb.attention_mask, mb.score_index, mb.targets,
                      prefix_attention=mb.prefix_attention)
     assert len(calls) == lm.config.num_hidden_layers
+
+
+def test_bf16_attention_upcast_by_the_measured_choice_on_both_paths(monkeypatch) -> None:
+    """In bf16 on a CPU, under the measured key-length limit, the unit-wise path and the masked fallback (a float
+    mask included) compute in fp32: each equals fp32 attention of the same bf16 inputs, rounded once to bf16; over
+    the limit both stay in bf16."""
+    from agentrl.trainer import sdpa_precision
+
+    mb = _micro_batches(10_000)[0]
+    rows, width = mb.input_ids.shape
+    real = _real(mb)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(rows, 4, width, 8, generator=g).to(torch.bfloat16) for _ in range(3))
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mb.attention_mask,
+                                          scale=0.5).transpose(1, 2).reshape(rows * width, 4, 8)[real]
+    float_mask = torch.zeros(mb.attention_mask.shape, dtype=torch.bfloat16).masked_fill(~mb.attention_mask,
+                                                                                          float("-inf"))
+    module = torch.nn.Module()
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 4, 8): 10_000})
+    said: list[bool] = []
+    real_upcasts = sdpa_precision.upcasts
+    monkeypatch.setattr(sdpa_precision, "upcasts", lambda *a: said.append(real_upcasts(*a)) or said[-1])
+    unit = pa.attention(module, q, k, v, mb.attention_mask, scaling=0.5, prefix_attention=mb.prefix_attention)[0]
+    assert said == [True, True]  # the prefixes' call and the continuations'
+    masked = pa.attention(module, q, k, v, float_mask, scaling=0.5, prefix_attention=None)[0]
+    assert said == [True, True, True] and unit.dtype == masked.dtype == torch.bfloat16
+    # the masked path is fp32 attention rounded once; the unit-wise one sums in another order (an ulp of bf16)
+    torch.testing.assert_close(masked.reshape(rows * width, 4, 8)[real], want.to(torch.bfloat16), rtol=0, atol=0)
+    torch.testing.assert_close(unit.reshape(rows * width, 4, 8)[real].float(), want, atol=8e-3, rtol=8e-3)
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 4, 8): 0})
+    masked_bf16 = pa.attention(module, q, k, v, float_mask, scaling=0.5, prefix_attention=None)[0]
+    direct = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=0.5).transpose(1, 2)
+    torch.testing.assert_close(masked_bf16, direct, rtol=0, atol=0)
