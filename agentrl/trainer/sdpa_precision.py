@@ -6,9 +6,9 @@ backward of 8 responses of 70 tokens against 156 keys took 22.5 ms in bf16 and 1
 values cast to fp32 and the output cast back (1.7x; 2.2x for one 86-token prompt), where at 1,024 keys bf16 was
 the faster (0.81x); forward alone the two were within 3-13 %. Attention was ~13 % of the demo's bf16 RL step there
 (py-spy). Other CPUs differ (AMX computes bf16 natively), so nothing here is fixed to one: at the first attention
-call of a bf16 model on a CPU, :func:`upcast_limit` times both ways for that call's heads at key
-lengths 128, 256, 512 and 1,024 (alternating, best of 3; under a second) and keeps the longest length up to which
-fp32 won by :data:`MIN_GAIN`. Calls with more keys, or not in bf16 on a CPU, are left as they are. Passes without
+call of a bf16 model on a CPU, :func:`upcast_limit` times both ways for that call's heads and the process's torch
+threads at key lengths from 64 to 1,024 (:data:`LENGTHS`; alternating, best of 3, by CPU time; ~1-2 s) and keeps the
+longest length up to which fp32 won by :data:`MIN_GAIN`. Calls with more keys, or not in bf16 on a CPU, are left as they are. Passes without
 gradients (reference, proximal and scoring passes) take the same path as the gradient pass over the same shapes,
 whatever it costs them (forward alone, fp32 was as fast or 3-13 % faster): the policy and its reference at the same
 weights must score identically (the KL term starts at 0, an on-policy ratio is 1).
@@ -29,9 +29,10 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-LENGTHS = (128, 256, 512, 1024)  # key lengths measured, in order: bf16 gains on fp32 as they grow
+LENGTHS = (64, 128, 192, 256, 384, 512, 768, 1024)  # key lengths measured, in order: bf16 gains as they grow
 MIN_GAIN = 1.1  # fp32 must be this much faster at a length to be used up to it
-_limits: dict[tuple[int, int, int], int] = {}  # (heads, kv heads, head dim) → longest key length computed in fp32
+# (heads, kv heads, head dim, torch threads) → the longest key length computed in fp32
+_limits: dict[tuple[int, int, int, int], int] = {}
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, up: bool) -> None:
@@ -44,9 +45,10 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, up: bool) -> None:
 
 
 def time_pair(heads: int, kv_heads: int, dim: int, keys: int, rounds: int = 3) -> tuple[float, float]:
-    """Seconds of one forward and backward of causal attention over ``keys`` tokens (~2,048 query tokens in all) in
-    bf16 and with an fp32 upcast: the best of ``rounds``, alternating."""
-    n = max(1, 2048 // keys)
+    """CPU seconds of this process for one forward and backward of causal attention over ``keys`` tokens (~1,024
+    query tokens in all) in bf16 and with an fp32 upcast: the best of ``rounds``, alternating. CPU time, not wall
+    time: another process time-slicing the core (a server starting beside the trainer) stretches the latter only."""
+    n = max(1, 1024 // keys)
     q = torch.randn(n, heads, keys, dim, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(n, kv_heads, keys, dim, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(n, kv_heads, keys, dim, dtype=torch.bfloat16, requires_grad=True)
@@ -54,10 +56,10 @@ def time_pair(heads: int, kv_heads: int, dim: int, keys: int, rounds: int = 3) -
     best = [float("inf"), float("inf")]
     for r in range(rounds + 1):  # the first round warms both up
         for up in (False, True) if r % 2 else (True, False):
-            t = time.perf_counter()
+            t = time.process_time()
             _attend(q, k, v, mask, up)
             if r:
-                best[up] = min(best[up], time.perf_counter() - t)
+                best[up] = min(best[up], time.process_time() - t)
             q.grad = k.grad = v.grad = None
     return best[0], best[1]
 
@@ -79,8 +81,9 @@ def measure_limit(heads: int, kv_heads: int, dim: int,
 
 
 def upcast_limit(heads: int, kv_heads: int, dim: int) -> int:
-    """:func:`measure_limit` for these heads, measured once per process."""
-    key = (heads, kv_heads, dim)
+    """:func:`measure_limit` for these heads, measured once per process and torch thread count (the cold-start SFT
+    may run on more threads than the RL steps after it)."""
+    key = (heads, kv_heads, dim, torch.get_num_threads())
     if key not in _limits:
         with torch.enable_grad():
             _limits[key] = measure_limit(heads, kv_heads, dim)

@@ -20,10 +20,14 @@ def _timer(gains: dict[int, float]):
     return timer, calls
 
 
+ALL = sdpa_precision.LENGTHS
+
+
 @pytest.mark.parametrize(("gains", "limit", "timed"), [
-    ({128: 2.2, 256: 1.7, 512: 1.05, 1024: 0.8}, 256, [128, 256, 512]),  # stops at the first length fp32 loses
-    ({128: 1.0, 256: 3.0, 512: 3.0, 1024: 3.0}, 0, [128]),  # not faster by MIN_GAIN at the shortest: never
-    ({128: 2.0, 256: 2.0, 512: 2.0, 1024: 2.0}, 1024, [128, 256, 512, 1024]),
+    ({64: 2.5, 128: 2.2, 192: 1.5, 256: 1.7, 384: 1.05, 512: 3, 768: 3, 1024: 3}, 256,
+     [64, 128, 192, 256, 384]),  # stops at the first length fp32 loses
+    (dict.fromkeys(ALL, 3.0) | {64: 1.0}, 0, [64]),  # not faster by MIN_GAIN at the shortest: never
+    (dict.fromkeys(ALL, 2.0), 1024, list(ALL)),
 ])
 def test_the_limit_is_the_longest_key_length_up_to_which_fp32_won(gains, limit, timed) -> None:
     timer, calls = _timer(gains)
@@ -43,10 +47,18 @@ def _qkv(dtype=torch.bfloat16, keys: int = 40, grad: bool = True):
 
 
 def test_only_bf16_cpu_attention_over_few_enough_keys_is_upcast_with_or_without_gradients(monkeypatch) -> None:
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16): 64})
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16, torch.get_num_threads()): 64})
     q, k, _ = _qkv()
     assert sdpa_precision.upcasts(q, k)
     assert not sdpa_precision.upcasts(q, torch.zeros(2, 2, 65, 16, dtype=torch.bfloat16))  # over the limit
+    threads = torch.get_num_threads()
+    measured = []
+    monkeypatch.setattr(sdpa_precision, "measure_limit", lambda *a: measured.append(a) or 0)
+    try:  # another thread count is another measurement
+        torch.set_num_threads(threads + 1)
+        assert not sdpa_precision.upcasts(q, k) and measured == [(4, 2, 16)]
+    finally:
+        torch.set_num_threads(threads)
     with torch.no_grad():
         assert sdpa_precision.upcasts(q, k)  # a reference pass scores as the policy's gradient pass does
     q32, k32, _ = _qkv(torch.float32)
@@ -56,7 +68,7 @@ def test_only_bf16_cpu_attention_over_few_enough_keys_is_upcast_with_or_without_
 def test_upcast_attention_is_fp32_attention_of_the_bf16_inputs_rounded_once(monkeypatch) -> None:
     """Same inputs, fp32 softmax and sums, one rounding of the output to bf16; gradients arrive in bf16."""
     mask = torch.ones(40, 40, dtype=torch.bool).tril()[None, None].expand(2, 1, 40, 40)
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16): 1024})
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16, torch.get_num_threads()): 1024})
     q, k, v = _qkv()
     out = sdpa_precision.sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
     ref = F.scaled_dot_product_attention(q.detach().float(), k.detach().float(), v.detach().float(), attn_mask=mask,
@@ -65,7 +77,7 @@ def test_upcast_attention_is_fp32_attention_of_the_bf16_inputs_rounded_once(monk
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     out.float().sum().backward()
     assert q.grad is not None and q.grad.dtype == torch.bfloat16 and k.grad.abs().sum() > 0
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16): 0})  # over the limit: bf16's own kernel
+    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16, torch.get_num_threads()): 0})  # over the limit: bf16's own kernel
     q2, k2, v2 = _qkv()
     direct = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(sdpa_precision.sdpa(q2, k2, v2, attn_mask=mask, enable_gqa=True), direct,
