@@ -4,8 +4,8 @@ step with the measured choice against the same step with every attention call in
 One process, one Trainer (bf16, the demo's recipe: ``shared_prefix`` layout, KL 0.05 with its reference pass,
 1,024-token micro-batches, one thread), the demo's step shape (``trainer_bench.make_demo_batch``: 6 groups of 8
 responses to one ~86-token prompt each). The two sides differ only in the limit the trainer's attention uses:
-``sdpa_precision``'s measured limit ("choice") or 0 (every call in bf16, as before). After an untimed warm-up step
-(which also measures the limit), ``--rounds`` rounds alternate the two (order flipped every round); the headline is
+the limit the trainer measured at its start ("choice") or 0 (every call in bf16, as before). After an untimed
+warm-up step, ``--rounds`` rounds alternate the two (order flipped every round); the headline is
 the median of per-round ratios bf16 / choice of the step's **process CPU time** (the work done: a shared machine
 stretches wall time, not CPU time) and its range (a range containing 1 is parity).
 
@@ -62,24 +62,20 @@ def main() -> None:
         version += 1
         return time.process_time() - t
 
-    step()  # warm-up; its first attention call measures the limit
-    measured = dict(sdpa_precision._limits)
+    measured = trainer.attention_fp32_max_keys  # measured at the trainer's start (attention_fp32_max_keys: auto)
+    step()  # warm-up
 
-    def side(limits: dict[tuple[int, int, int], int]) -> float:
-        sdpa_precision._limits.clear()
-        sdpa_precision._limits.update(limits)
+    def side(keys: int) -> float:
+        sdpa_precision.set_limit(keys)
         return step()
 
-    cmp = interleaved(args.rounds, lambda: side(dict.fromkeys(measured, 0)), lambda: side(measured),
-                      rate=lambda s: 1 / s, warmup=False)
-    sdpa_precision._limits.update(measured)
+    cmp = interleaved(args.rounds, lambda: side(0), lambda: side(measured), rate=lambda s: 1 / s, warmup=False)
     trainer.close()
     dist.destroy_process_group()
     print(f"per-round step CPU s, bf16: {[round(s, 2) for s in cmp.base]}  choice: {[round(s, 2) for s in cmp.ours]}")
-    print(f"limits measured (heads, kv heads, head dim -> keys): {measured}")
     print(last_line({**cmp.fields("bf16_vs_choice_cpu_ratio"), "bf16_step_cpu_s": statistics.median(cmp.base),
                      "choice_step_cpu_s": statistics.median(cmp.ours),
-                     "fp32_attention_up_to_keys": max(measured.values(), default=0), "layout": args.layout,
+                     "fp32_attention_up_to_keys": measured, "layout": args.layout,
                      "model": args.model, "threads": args.threads}, env))
 
 

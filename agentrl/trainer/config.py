@@ -168,6 +168,9 @@ class TrainerSettings(_Strict):
     # scored positions per LM-head + log-softmax chunk (each chunk recomputed in the backward pass): at most
     # 4 * vocab * logits_chunk_tokens bytes of logits alive at once; null: all of a micro-batch's at once
     logits_chunk_tokens: int | None = Field(default=1024, gt=0)
+    # bf16 on a CPU: attention over at most this many keys computed in fp32, where this CPU's bf16 attention kernel
+    # is the slower (auto: measured at the trainer's start on rank 0; 0: never). agentrl.trainer.sdpa_precision
+    attention_fp32_max_keys: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
     # CPU (glibc) heap: "never" (the default) serves every tensor from the heap and reuses freed memory without
     # page faults (RSS stays at its peak); a number: tensors of this many KiB or more get their own mapping,
     # returned to the OS when freed (1024: ~0.2 GB lower peak over RL steps, 1.2 GB over the demo's SFT then RL

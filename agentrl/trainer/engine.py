@@ -28,7 +28,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from agentrl import heap
 from agentrl.errors import TrainerError
 from agentrl.hardware import resolve_dtype
-from agentrl.trainer import storage
+from agentrl.trainer import sdpa_precision, storage
 from agentrl.trainer.base import SFTMetrics, StepMetrics, TokenTrace
 from agentrl.trainer.collate import (
     MicroBatch,
@@ -131,12 +131,32 @@ class Trainer:
             if self._dist.owns_group and dist.is_initialized():
                 dist.destroy_process_group()
             raise
+        # fixed here, before any forward, for the trainer's life: every pass over a shape takes one path
+        self.attention_fp32_max_keys = self._attention_limit()
         self._optimizer, self._scheduler = make_optimizer(self._policy, config.optimizer)
         text_cfg = self._policy.lm.config.get_text_config()
         self._pad_id = int(getattr(text_cfg, "pad_token_id", None) or 0)
         self.step = 0
         self.weight_version = 0
         self._closed = False
+
+    def _attention_limit(self) -> int:
+        """The key length up to which bf16 attention runs in fp32 (:mod:`agentrl.trainer.sdpa_precision`), set for
+        this process: ``attention_fp32_max_keys`` as given, or measured on rank 0 (``auto``; every rank takes its
+        value); 0 unless the trainer computes in bf16 on a CPU."""
+        setting = self.config.attention_fp32_max_keys
+        if self.precision.dtype != "bf16" or self._dist.device.type != "cpu":
+            keys = 0
+        elif setting != "auto":
+            keys = setting
+        else:
+            cfg = self._policy.lm.config.get_text_config()
+            heads = int(cfg.num_attention_heads)
+            kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+            dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+            keys = broadcast_object(sdpa_precision.measure_limit(heads, kv_heads, dim) if self.rank == 0 else None)
+        sdpa_precision.set_limit(keys)
+        return keys
 
     def _checkpointing_rule(self) -> bool | Callable[[PreTrainedModel], bool]:
         """``activation_checkpointing`` as given, or for ``auto`` a rule that measures the decoder's activation bytes

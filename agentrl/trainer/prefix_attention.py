@@ -138,6 +138,8 @@ def attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor
                                       **kwargs)
     if attention_mask is not None and attention_mask.is_floating_point():
         attention_mask = attention_mask.float()
+    if isinstance(kwargs.get("position_bias"), torch.Tensor):  # T5-style biases join the mask: in fp32 too
+        kwargs["position_bias"] = kwargs["position_bias"].float()
     out, _ = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
                                     dropout=dropout, scaling=scaling, **kwargs)
     return out.to(query.dtype), None

@@ -115,7 +115,7 @@ def test_bf16_attention_upcast_by_the_measured_choice_on_both_paths(monkeypatch)
     float_mask = torch.zeros(mb.attention_mask.shape, dtype=torch.bfloat16).masked_fill(~mb.attention_mask,
                                                                                           float("-inf"))
     module = torch.nn.Module()
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 4, 8, torch.get_num_threads()): 10_000})
+    monkeypatch.setattr(sdpa_precision, "_limit", 10_000)
     said: list[bool] = []
     real_upcasts = sdpa_precision.upcasts
     monkeypatch.setattr(sdpa_precision, "upcasts", lambda *a: said.append(real_upcasts(*a)) or said[-1])
@@ -126,7 +126,7 @@ def test_bf16_attention_upcast_by_the_measured_choice_on_both_paths(monkeypatch)
     # the masked path is fp32 attention rounded once; the unit-wise one sums in another order (an ulp of bf16)
     torch.testing.assert_close(masked.reshape(rows * width, 4, 8)[real], want.to(torch.bfloat16), rtol=0, atol=0)
     torch.testing.assert_close(unit.reshape(rows * width, 4, 8)[real].float(), want, atol=8e-3, rtol=8e-3)
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 4, 8, torch.get_num_threads()): 0})
+    monkeypatch.setattr(sdpa_precision, "_limit", 0)
     masked_bf16 = pa.attention(module, q, k, v, float_mask, scaling=0.5, prefix_attention=None)[0]
     direct = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=0.5).transpose(1, 2)
     torch.testing.assert_close(masked_bf16, direct, rtol=0, atol=0)

@@ -47,28 +47,31 @@ def _qkv(dtype=torch.bfloat16, keys: int = 40, grad: bool = True):
 
 
 def test_only_bf16_cpu_attention_over_few_enough_keys_is_upcast_with_or_without_gradients(monkeypatch) -> None:
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16, torch.get_num_threads()): 64})
+    monkeypatch.setattr(sdpa_precision, "_limit", 64)
     q, k, _ = _qkv()
     assert sdpa_precision.upcasts(q, k)
     assert not sdpa_precision.upcasts(q, torch.zeros(2, 2, 65, 16, dtype=torch.bfloat16))  # over the limit
-    threads = torch.get_num_threads()
-    measured = []
-    monkeypatch.setattr(sdpa_precision, "measure_limit", lambda *a: measured.append(a) or 0)
-    try:  # another thread count is another measurement
-        torch.set_num_threads(threads + 1)
-        assert not sdpa_precision.upcasts(q, k) and measured == [(4, 2, 16)]
-    finally:
-        torch.set_num_threads(threads)
     with torch.no_grad():
         assert sdpa_precision.upcasts(q, k)  # a reference pass scores as the policy's gradient pass does
     q32, k32, _ = _qkv(torch.float32)
     assert not sdpa_precision.upcasts(q32, k32)
+    monkeypatch.setattr(sdpa_precision, "_limit", 0)
+    assert not sdpa_precision.upcasts(q, k)
+
+
+def test_measuring_leaves_the_global_generator_and_works_under_no_grad_and_inference_mode() -> None:
+    state = torch.random.get_rng_state()
+    with torch.no_grad():
+        sdpa_precision.time_pair(2, 1, 16, 64, rounds=1)
+    with torch.inference_mode():
+        sdpa_precision.time_pair(2, 1, 16, 64, rounds=1)
+    assert torch.equal(torch.random.get_rng_state(), state)
 
 
 def test_upcast_attention_is_fp32_attention_of_the_bf16_inputs_rounded_once(monkeypatch) -> None:
     """Same inputs, fp32 softmax and sums, one rounding of the output to bf16; gradients arrive in bf16."""
     mask = torch.ones(40, 40, dtype=torch.bool).tril()[None, None].expand(2, 1, 40, 40)
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16, torch.get_num_threads()): 1024})
+    monkeypatch.setattr(sdpa_precision, "_limit", 1024)
     q, k, v = _qkv()
     out = sdpa_precision.sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
     ref = F.scaled_dot_product_attention(q.detach().float(), k.detach().float(), v.detach().float(), attn_mask=mask,
@@ -77,7 +80,7 @@ def test_upcast_attention_is_fp32_attention_of_the_bf16_inputs_rounded_once(monk
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     out.float().sum().backward()
     assert q.grad is not None and q.grad.dtype == torch.bfloat16 and k.grad.abs().sum() > 0
-    monkeypatch.setattr(sdpa_precision, "_limits", {(4, 2, 16, torch.get_num_threads()): 0})  # over the limit: bf16's own kernel
+    monkeypatch.setattr(sdpa_precision, "_limit", 0)  # over the limit: bf16's own kernel
     q2, k2, v2 = _qkv()
     direct = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(sdpa_precision.sdpa(q2, k2, v2, attn_mask=mask, enable_gqa=True), direct,

@@ -214,3 +214,29 @@ def test_shared_prefix_steps_equal_padded_steps(tiny_config, kl_coef: float) -> 
         assert (b.kl is None) == (kl_coef == 0) and (b.kl or 0) == pytest.approx(a.kl or 0, abs=1e-6)
     for a, b in zip(pad_lp, sh_lp):
         torch.testing.assert_close(b, a, atol=5e-5, rtol=0)
+
+
+def test_the_attention_fp32_limit_is_fixed_at_the_trainers_start(tiny_config, monkeypatch) -> None:
+    """bf16 on a CPU: ``auto`` measures once, at the start; a number pins it without measuring; fp32 trainers set 0.
+    The limit then holds whatever the thread count of a pass (a reference pass scores as the gradient pass)."""
+    from agentrl.trainer import sdpa_precision
+
+    measured = []
+    monkeypatch.setattr(sdpa_precision, "measure_limit", lambda *a: measured.append(a) or 192)
+    with Trainer(tiny_config(dtype="bf16")) as tr:
+        assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 192
+        cfg = tr._policy.lm.config
+        assert measured == [(cfg.num_attention_heads, cfg.num_key_value_heads,
+                             cfg.hidden_size // cfg.num_attention_heads)]
+        threads = torch.get_num_threads()
+        try:  # a pass on more threads (a borrowed core) neither measures again nor changes the limit
+            torch.set_num_threads(threads + 1)
+            tr.logprobs(random_batch(3))
+        finally:
+            torch.set_num_threads(threads)
+        tr.rl_step(random_batch(3), current_version=0)
+        assert sdpa_precision.limit() == 192 and len(measured) == 1
+    with Trainer(tiny_config(dtype="bf16", attention_fp32_max_keys=64)) as tr:
+        assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 64 and len(measured) == 1
+    with Trainer(tiny_config(dtype="fp32", attention_fp32_max_keys=64)) as tr:
+        assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 0
