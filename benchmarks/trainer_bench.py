@@ -38,7 +38,10 @@ gradients; the adapters' own FLOPs are left out).
 ``--dtype bf16`` runs both sides in mixed precision (the trainer's ``dtype: bf16``; the minimal loop with FSDP2's
 ``MixedPrecisionPolicy``: fp32 master weights, bf16 compute, fp32 gradient reduction) and measures the matmul rate in
 bf16; ``--dtype auto`` takes what the trainer's ``auto`` takes on this CPU (bf16 where it multiplies faster:
-agentrl.hardware). The default stays fp32 (the figures in docs/results.md before 2026-11-29 are fp32).
+agentrl.hardware). The default stays fp32 (the figures in docs/results.md before 2026-11-29 are fp32). In bf16 the
+trainer computes short attention in fp32 where this CPU measured that faster (``trainer.attention_fp32_max_keys``,
+agentrl.trainer.sdpa_precision) and the minimal loop calls Hugging Face's SDPA as is: the ratio then includes that
+choice (``benchmarks/sdpa_precision_bench.py`` isolates it).
 
 Usage: ``python benchmarks/trainer_bench.py [--model smollm2-135m-instruct|tiny] [--rounds 7] [--threads 1]
 [--shape demo --layout shared_prefix --kl-coef 0.05] [--quick] [--lora [--lora-r 16]] [--dtype fp32|bf16|auto]`` (``--shape demo``: the
