@@ -103,11 +103,11 @@ def prefix_attention_forward(query: Tensor, key: Tensor, value: Tensor, layout: 
     q, k, v = flat(query), flat(key), flat(value)
     kp, vp = _gather(k, layout.prefix_index), _gather(v, layout.prefix_index)
     out_p = sdpa_precision.sdpa(_gather(q, layout.prefix_index), kp, vp, attn_mask=layout.prefix_mask,
-                                           scale=scaling, enable_gqa=gqa)
+                                scale=scaling, enable_gqa=gqa)
     kc = torch.cat([kp.index_select(0, layout.cont_unit), _gather(k, layout.cont_index)], dim=2)
     vc = torch.cat([vp.index_select(0, layout.cont_unit), _gather(v, layout.cont_index)], dim=2)
     out_c = sdpa_precision.sdpa(_gather(q, layout.cont_index), kc, vc, attn_mask=layout.cont_mask,
-                                           scale=scaling, enable_gqa=gqa)
+                                scale=scaling, enable_gqa=gqa)
     done = torch.cat([out_p.transpose(1, 2).reshape(-1, heads, dim), out_c.transpose(1, 2).reshape(-1, heads, dim)])
     out = query.new_zeros(rows * width, heads, dim).index_copy(0, layout.dst, done.index_select(0, layout.src))
     return out.view(rows, width, heads, dim)
