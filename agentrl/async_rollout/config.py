@@ -35,6 +35,10 @@ class RolloutConfig:
     # a budget for it: at most this many groups dropped per group queued (running count); past it a uniform group
     # is queued anyway (no policy-gradient signal, but the trainer does not starve as the policy sharpens)
     max_dropped_per_queued: Annotated[float, Field(ge=0)] | None = None
+    # adaptive sampling: a group none of whose episodes solved its task runs up to this many more rounds of
+    # n_samples episodes (within the budget above, each round counted as a dropped group); the pool is then cut back
+    # to the first round's size, solved and unsolved as even as it allows, advantages against the whole pool
+    resample_unsolved: Annotated[int, Field(ge=0)] = 0
     weight_wait_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
 
     def __post_init__(self) -> None:
@@ -42,6 +46,8 @@ class RolloutConfig:
             raise ConfigError(f"update_mode must be drain, interrupt or abort_restart, got {self.update_mode!r}")
         if self.n_samples < 1:
             raise ConfigError(f"n_samples must be >= 1, got {self.n_samples}")
+        if self.resample_unsolved < 0:
+            raise ConfigError(f"resample_unsolved must be >= 0 rounds, got {self.resample_unsolved}")
         if self.max_dropped_per_queued is not None and self.max_dropped_per_queued < 0:
             raise ConfigError(f"max_dropped_per_queued must be >= 0 or None, got {self.max_dropped_per_queued}")
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,9 @@ class RolloutStats:
     groups_failed: int = 0  # infrastructure failures after all retries
     groups_filtered: int = 0  # dynamic sampling
     groups_uniform_queued: int = 0  # uniform groups queued because the dropping budget was spent
+    # adaptive sampling (resample_unsolved): extra rounds run, and groups a later round found a solved episode for
+    resample_rounds: int = 0
+    groups_rescued: int = 0
     groups_dropped_stale: int = 0  # still over η after max_stale_restarts
     groups_restarted_stale: int = 0
     episodes_restarted: int = 0  # abort_restart, or could no longer finish within η
@@ -91,6 +95,24 @@ class RolloutStats:
     versions_loaded: list[int] = field(default_factory=list)
     reload_s: list[float] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
+
+
+def _balanced(pool: list[Trajectory], size: int) -> list[Trajectory]:
+    """``size`` trajectories of an adaptively sampled pool, solved and unsolved ones as even as the pool allows
+    (Reinforce-Ada-balance), the newest first within each (the least stale); each carries the whole pool's reward
+    statistics (``metadata["reward_pool"]``), which its advantage is taken against (Reinforce-Ada's global
+    baseline: the pool estimates the prompt's pass rate better than the kept few)."""
+    newest = sorted(pool, key=lambda t: t.min_version, reverse=True)
+    good = [t for t in newest if solved(t)]
+    bad = [t for t in newest if not solved(t)]
+    n_good = min(len(good), max(size // 2, size - len(bad)))
+    kept = good[:n_good] + bad[: size - n_good]
+    rewards = [float(t.reward) for t in pool]
+    stats = {"n": len(rewards), "mean": statistics.fmean(rewards),
+             "std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0}
+    for t in kept:
+        t.metadata["reward_pool"] = dict(stats)
+    return kept
 
 
 class _StaleGroup(Exception):
@@ -172,8 +194,11 @@ class RolloutScheduler:
         failures = stale = 0
         while failures <= self.config.group_retries and stale <= self.config.max_stale_restarts:
             try:
-                group = await self._episodes(task, group_id)
-                self._observe(task, group)
+                pool = await self._episodes(task, group_id)
+                first = len(pool)
+                pool = await self._resample(task, group_id, pool)
+                self._observe(task, pool)
+                group = pool if len(pool) == first else self._sized(_balanced(pool, first))
                 uniform = self.config.drop_uniform_groups and len({t.reward for t in group}) == 1
                 if uniform and self._may_drop():
                     self.stats.groups_filtered += 1
@@ -197,8 +222,32 @@ class RolloutScheduler:
         await self.gate.release(requeue=True)
 
     def _may_drop(self) -> bool:
+        """Within the budget of rollout groups not queued: groups dropped plus extra rounds of adaptive sampling."""
         budget = self.config.max_dropped_per_queued
-        return budget is None or self.stats.groups_filtered < budget * (self.stats.groups_queued + 1)
+        spent = self.stats.groups_filtered + self.stats.resample_rounds
+        return budget is None or spent < budget * (self.stats.groups_queued + 1)
+
+    async def _resample(self, task: Task, group_id: str, pool: list[Trajectory]) -> list[Trajectory]:
+        """Adaptive sampling (Reinforce-Ada's rounds): while no episode of the task's pool solved it, run another
+        round of ``n_samples`` episodes, at most ``resample_unsolved`` rounds and within the dropping budget. A group
+        of all-wrong answers has no signal toward the right one (at most the format reward's), and a hard prompt
+        that 8 samples miss is often solved by the next 8; those are the groups RL learns most from."""
+        rounds = 0
+        while rounds < self.config.resample_unsolved and not any(map(solved, pool)) and self._may_drop():
+            rounds += 1
+            self.stats.resample_rounds += 1
+            pool = pool + await self._episodes(task, group_id)
+        self.stats.groups_rescued += rounds > 0 and any(map(solved, pool))
+        return pool
+
+    def _sized(self, group: list[Trajectory]) -> list[Trajectory]:
+        """Say the group's size on its trajectories where it is not ``n_samples`` (see the module docstring)."""
+        for t in group:
+            if len(group) == self.config.n_samples:
+                t.metadata.pop("group_size", None)
+            else:
+                t.metadata["group_size"] = len(group)
+        return group
 
     def _observe(self, task: Task, group: list[Trajectory]) -> None:
         versions = [t.weight_versions[t.loss_mask.astype(bool)].max() for t in group if t.num_model_tokens]

@@ -51,7 +51,11 @@ DEMO: dict[str, Any] = {
                 # 239 dropped for 120 queued) the rollout side generated 3x the trained groups and every step of an
                 # AVX512-BF16 EPYC run waited ~100 s for rollouts (45 min run). (skip_solved, tried on seed 1, is
                 # off: the wordings it skipped were forgotten, 0.675 -> 0.70, and it was no faster)
-                "max_dropped_per_queued": 1.0},
+                "max_dropped_per_queued": 1.0,
+                # adaptive sampling: a group with no solved episode gets one more round of 8 (from the same budget).
+                # Two failed Zen 4 runs (seed 0 at f3ef5f7, seed 2 at 9cc59fb) queued 51 groups with none solved,
+                # all on the parenthesis wordings, and never learned "c times the sum of a and b" (a good run: 7)
+                "resample_unsolved": 1},
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.1}},
     # shared_prefix: each group's ~86-token prompt runs once for its 8 responses, not 8 times (an RL step of
     # ~6,900 tokens: 147 s -> 77 s in fp32 on one EPYC core, same loss and gradients).

@@ -53,6 +53,9 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         "groups_failed": rollout_stats.get("groups_failed", 0),
         "groups_filtered": rollout_stats.get("groups_filtered", 0),
         "groups_uniform_queued": rollout_stats.get("groups_uniform_queued", 0),  # dropping budget spent
+        # adaptive sampling: extra rounds for unsolved groups, and the groups a later round solved
+        "resample_rounds": rollout_stats.get("resample_rounds", 0),
+        "groups_rescued": rollout_stats.get("groups_rescued", 0),
         "tasks_skipped_solved": rollout_stats.get("tasks_skipped_solved", 0),
         "episodes_restarted": rollout_stats.get("episodes_restarted", 0),  # work thrown away to keep within η
         "trainer_restarts": trainer_restarts,

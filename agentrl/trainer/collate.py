@@ -152,7 +152,13 @@ def prepare_rl(trajectories: Sequence[Trajectory], *, current_version: int, cfg:
     group_of: dict[str, int] = {}
     group_index = torch.tensor([group_of.setdefault(t.group_id, len(group_of)) for t in valid])
     rewards = torch.tensor([float(t.reward) for t in valid])
-    adv = group_advantages(rewards, group_index, cfg.advantage, cfg.adv_eps).tolist()
+    pools = [t.metadata.get("reward_pool") for t in valid]
+    pool = (
+        torch.tensor([[p["n"], p["mean"], p["std"]] if p else [math.nan] * 3 for p in pools])
+        if any(pools)
+        else None
+    )
+    adv = group_advantages(rewards, group_index, cfg.advantage, cfg.adv_eps, pool).tolist()
     future = [t.trajectory_id for t in valid if max(t.generated_versions, default=-1) > current_version]
     if future:
         logger.warning(

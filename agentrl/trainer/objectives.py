@@ -32,12 +32,16 @@ LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
 
 
-def group_advantages(rewards: Tensor, group_index: Tensor, method: Advantage, eps: float = 1e-6) -> Tensor:
+def group_advantages(rewards: Tensor, group_index: Tensor, method: Advantage, eps: float = 1e-6,
+                     pool: Tensor | None = None) -> Tensor:
     """Per-sample advantages from scalar rewards, normalised within groups (samples of the same prompt).
 
     ``group_index[i]`` in ``[0, G)`` names sample i's group. With group mean ``m``, size ``n`` and unbiased
     std ``s``: ``grpo``: ``(r - m) / (s + eps)``; ``dr_grpo``: ``r - m``; ``rloo``: ``r - mean of the others
     = n / (n - 1) * (r - m)``. A group of one sample has no baseline: its advantage is 0.
+
+    ``pool`` (``[N, 3]``: ``n, m, s`` per sample, NaN rows for none) replaces a sample's group statistics by
+    those of the larger pool its group was cut from (adaptive sampling: ``metadata["reward_pool"]``).
     """
     rewards = rewards.to(torch.float64)
     num_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
@@ -45,10 +49,18 @@ def group_advantages(rewards: Tensor, group_index: Tensor, method: Advantage, ep
     total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, rewards)
     mean = (total / count)[group_index]
     n = count[group_index]
+    pooled = torch.zeros_like(rewards, dtype=torch.bool)
+    if pool is not None:
+        pool = pool.to(torch.float64)
+        pooled = pool[:, 1].isfinite()
+        n = torch.where(pooled, pool[:, 0], n)
+        mean = torch.where(pooled, pool[:, 1], mean)
     centred = rewards - mean
     if method == "grpo":
         sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, centred**2)
         std = torch.sqrt(sq[group_index] / (n - 1).clamp_min(1))
+        if pool is not None:
+            std = torch.where(pooled, pool[:, 2], std)
         adv = centred / (std + eps)
     elif method == "dr_grpo":
         adv = centred

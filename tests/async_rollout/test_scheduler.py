@@ -227,3 +227,42 @@ async def test_an_episode_of_several_trajectories_makes_a_larger_group_that_says
     assert [len(g) for g in trainer.puts] == [4, 4]
     assert all(t.metadata["group_size"] == 4 for g in trainer.puts for t in g)
     assert stats.trajectories_queued == 8
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 2])
+async def test_adaptive_sampling_resamples_unsolved_groups_and_keeps_a_balanced_group(chat_tokenizer, rounds):
+    """A task first solved by its (N + 1)-th episode: with resample_unsolved >= 1 a second round finds it, and the
+    queued group is cut back to N with that episode in it and the pool's statistics; without, no group holds it."""
+    scored: dict[str, int] = {}
+
+    def reward(task):
+        scored[task.id] = scored.get(task.id, 0) + 1
+        return 1.0 if scored[task.id] == N + 1 else 0.0
+
+    trainer, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=2, token_s=lambda key: 0.001,
+                                  env=lambda: OneTurnEnv(reward), resample_unsolved=rounds)
+    assert [len(g) for g in trainer.puts] == [N] * 2 * B  # the pool is cut back to the group's size
+    solved = [sum(t.reward == 1.0 for t in g) for g in trainer.puts]
+    if rounds == 0:
+        assert solved == [0] * 2 * B and stats.resample_rounds == 0
+        assert not any("reward_pool" in t.metadata for g in trainer.puts for t in g)
+        return
+    assert solved == [1] * 2 * B  # one solved, N - 1 unsolved: as even as a pool of one solved allows
+    assert stats.resample_rounds == stats.groups_rescued == 2 * B  # one round each: the second found it
+    assert set(scored.values()) == {2 * N}
+    pools = [t.metadata["reward_pool"] for g in trainer.puts for t in g]
+    assert all(p["n"] == 2 * N and p["mean"] == pytest.approx(1 / (2 * N)) for p in pools)
+    assert not any("group_size" in t.metadata for g in trainer.puts for t in g)
+
+
+async def test_adaptive_sampling_gives_up_after_its_rounds_and_within_the_budget(chat_tokenizer):
+    """A task never solved: resample_unsolved rounds each, then the group is queued (newest episodes); a zero
+    budget runs no round at all."""
+    trainer, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=2, token_s=lambda key: 0.001,
+                                  env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=2)
+    assert stats.resample_rounds == 2 * 2 * B and stats.groups_rescued == 0
+    assert [len(g) for g in trainer.puts] == [N] * 2 * B
+    assert all(t.metadata["reward_pool"]["n"] == 3 * N for g in trainer.puts for t in g)
+    _, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=2, token_s=lambda key: 0.001,
+                            env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=2, max_dropped_per_queued=0)
+    assert stats.resample_rounds == 0

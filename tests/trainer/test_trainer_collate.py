@@ -8,6 +8,7 @@ import pytest
 import torch
 from trainer_helpers import make_traj, random_batch
 
+from agentrl.queue.codec import from_msgpack, to_msgpack
 from agentrl.trainer import LossConfig, Trace, plan_micro_batches, prepare_rl, prepare_sft
 
 
@@ -85,6 +86,19 @@ def test_trajectories_without_a_score_are_never_trained_on() -> None:
     prep = prepare_rl([ok, bad], current_version=0, cfg=LossConfig())
     assert prep.dropped_invalid == 1 and len(prep.samples) == 1
     assert prep.samples[0].advantage == 0.0  # the unscored sample is no part of the group baseline
+
+
+def test_a_group_cut_from_a_pool_is_centred_on_the_pools_mean_after_the_queue() -> None:
+    """Adaptive sampling's groups carry their pool's reward statistics (``metadata["reward_pool"]``) through the
+    queue's codec; the advantage is taken against the pool, another group's against its own members."""
+    pool = {"n": 8, "mean": 0.125, "std": 0.35355}
+    cut = [make_traj([1, 2, 3], 1, [0, 1, 1], reward=r, group="a", tid=f"a{i}") for i, r in enumerate([1.0, 0.0])]
+    for t in cut:
+        t.metadata["reward_pool"] = dict(pool)
+    own = [make_traj([1, 2, 3], 1, [0, 1, 1], reward=r, group="b", tid=f"b{i}") for i, r in enumerate([1.0, 0.0])]
+    trajs = [from_msgpack(to_msgpack(t)) for t in cut + own]
+    prep = prepare_rl(trajs, current_version=0, cfg=LossConfig(advantage="dr_grpo"))
+    assert [s.advantage for s in prep.samples] == pytest.approx([0.875, -0.125, 0.5, -0.5])
 
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])

@@ -285,3 +285,20 @@ def test_sft_loss_is_masked_token_mean_nll() -> None:
     loss = sft_loss(logp, w)
     torch.testing.assert_close(loss, -(LOGP * MASK).sum() / MASK.sum())
     torch.testing.assert_close(torch.autograd.grad(loss, logp)[0], -flat(MASK) / MASK.sum())
+
+
+@pytest.mark.parametrize("method", ["grpo", "dr_grpo", "rloo"])
+def test_group_advantages_take_a_pools_statistics_where_given(method):
+    """A group cut from a larger pool (adaptive sampling) is centred (and scaled) by the pool's statistics; a group
+    without one by its own."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    index = torch.tensor([0, 0, 0, 0, 1, 1])
+    full = [1.0] + [0.0] * 7  # the pool group 0 was cut from: one solved in 8
+    m, s = statistics.fmean(full), statistics.stdev(full)
+    nan = float("nan")
+    pool = torch.tensor([[8, m, s]] * 4 + [[nan] * 3] * 2)
+    got = group_advantages(rewards, index, method, pool=pool)
+    scale = {"grpo": 1 / (s + 1e-6), "dr_grpo": 1.0, "rloo": 8 / 7}[method]
+    assert got[:4].tolist() == pytest.approx([(r - m) * scale for r in [1.0, 0.0, 0.0, 0.0]], rel=1e-5)
+    assert got[4:].tolist() == pytest.approx(group_advantages(rewards[4:], index[4:] - 1, method).tolist())
+    assert got[1] != pytest.approx(group_advantages(rewards[:4], index[:4], method)[1].item())  # not the group's
