@@ -224,11 +224,12 @@ class RolloutWorker:
         several samples whose requests reach the server that holds the prefill. The pool's own routing is sticky to
         the group's key, and so is, in effect, a ``cache_aware`` router (it sends a prompt where its prefix is
         cached); ``round_robin``, ``random`` and ``power_of_two`` spread a group's samples over the servers, where
-        the prefill would be one more request on one of them."""
+        the prefill would be one more request on one of them (when there is more than one)."""
         e = self.cfg.engine
         if self.cfg.rollout.scheduler.n_samples < 2:
             return False
-        if e.router and e.router_policy != "cache_aware":
+        servers = len(e.url.split(",")) if e.url else e.num_servers
+        if e.router and e.router_policy != "cache_aware" and servers > 1:
             logger.info("groups' prompts are not prefilled once: the sglang-router's policy %s does not send a "
                         "group's samples to the server holding the prefill (cache_aware does)", e.router_policy)
             return False
