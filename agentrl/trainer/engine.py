@@ -307,7 +307,8 @@ class Trainer:
 
     def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Atomically write model, optimiser, scheduler, RNG, step, version and ``extra`` (JSON)."""
-        state = {"step": self.step, "weight_version": self.weight_version}
+        state = {"step": self.step, "weight_version": self.weight_version,
+                 "attention_fp32_max_keys": self.attention_fp32_max_keys}
         return storage.save_checkpoint(
             Path(path),
             model=self._policy,
@@ -324,6 +325,14 @@ class Trainer:
         )
         self.step = int(doc["step"])
         self.weight_version = int(doc["weight_version"])
+        saved = doc.get("attention_fp32_max_keys")
+        if saved is not None and self.config.attention_fp32_max_keys == "auto" and self.precision.dtype == "bf16":
+            # a resumed run keeps the path its steps so far took, not what this start happened to measure
+            if saved != self.attention_fp32_max_keys:
+                logger.info("bf16 attention in fp32 up to %d keys, as before the checkpoint (measured now: %d)",
+                            saved, self.attention_fp32_max_keys)
+            self.attention_fp32_max_keys = int(saved)
+            sdpa_precision.set_limit(self.attention_fp32_max_keys)
         return dict(doc.get("extra", {}))
 
     def export_hf(self, path: str | Path, dtype: torch.dtype | None = None, *, durable: bool = True) -> Path:

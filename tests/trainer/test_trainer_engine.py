@@ -240,3 +240,21 @@ def test_the_attention_fp32_limit_is_fixed_at_the_trainers_start(tiny_config, mo
         assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 64 and len(measured) == 1
     with Trainer(tiny_config(dtype="fp32", attention_fp32_max_keys=64)) as tr:
         assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 0
+
+
+def test_a_resumed_trainer_keeps_the_attention_limit_of_its_checkpoint(tiny_config, monkeypatch, tmp_path) -> None:
+    """``auto`` measures at every start; a resumed run takes the limit its checkpoint was trained with (another
+    measurement could pick another path for the same shapes), a pinned setting stays pinned."""
+    from agentrl.trainer import sdpa_precision
+
+    monkeypatch.setattr(sdpa_precision, "measure_limit", lambda *a: 192)
+    with Trainer(tiny_config(dtype="bf16")) as tr:
+        tr.save_checkpoint(tmp_path / "ck")
+    monkeypatch.setattr(sdpa_precision, "measure_limit", lambda *a: 128)
+    with Trainer(tiny_config(dtype="bf16")) as tr:
+        assert tr.attention_fp32_max_keys == 128
+        tr.load_checkpoint(tmp_path / "ck")
+        assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 192
+    with Trainer(tiny_config(dtype="bf16", attention_fp32_max_keys=64)) as tr:
+        tr.load_checkpoint(tmp_path / "ck")
+        assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 64
