@@ -82,6 +82,7 @@ class RolloutStats:
     # adaptive sampling (resample_unsolved): extra rounds run, and groups a later round found a solved episode for
     resample_rounds: int = 0
     groups_rescued: int = 0
+    groups_resample_denied: int = 0  # unsolved groups refused (more) rounds because the dropping budget was spent
     groups_dropped_stale: int = 0  # still over η after max_stale_restarts
     groups_restarted_stale: int = 0
     episodes_restarted: int = 0  # abort_restart, or could no longer finish within η
@@ -237,7 +238,9 @@ class RolloutScheduler:
             rounds += 1
             self.stats.resample_rounds += 1
             pool = pool + await self._episodes(task, group_id)
-        self.stats.groups_rescued += rounds > 0 and any(map(solved, pool))
+        unsolved = not any(map(solved, pool))
+        self.stats.groups_rescued += rounds > 0 and not unsolved
+        self.stats.groups_resample_denied += unsolved and rounds < self.config.resample_unsolved
         return pool
 
     def _sized(self, group: list[Trajectory]) -> list[Trajectory]:

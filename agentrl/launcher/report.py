@@ -56,6 +56,7 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         # adaptive sampling: extra rounds for unsolved groups, and the groups a later round solved
         "resample_rounds": rollout_stats.get("resample_rounds", 0),
         "groups_rescued": rollout_stats.get("groups_rescued", 0),
+        "groups_resample_denied": rollout_stats.get("groups_resample_denied", 0),  # the budget was spent
         "tasks_skipped_solved": rollout_stats.get("tasks_skipped_solved", 0),
         "episodes_restarted": rollout_stats.get("episodes_restarted", 0),  # work thrown away to keep within η
         "trainer_restarts": trainer_restarts,

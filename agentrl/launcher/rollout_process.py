@@ -329,6 +329,7 @@ class RolloutWorker:
                 "groups_failed": stats.groups_failed, "groups_filtered": stats.groups_filtered,
                 "groups_uniform_queued": stats.groups_uniform_queued,
                 "resample_rounds": stats.resample_rounds, "groups_rescued": stats.groups_rescued,
+                "groups_resample_denied": stats.groups_resample_denied,
                 "groups_dropped_stale": stats.groups_dropped_stale,
                 "groups_restarted_stale": stats.groups_restarted_stale,
                 "episodes_restarted": stats.episodes_restarted, "staleness_max_queued": stats.staleness_max,

@@ -260,9 +260,9 @@ async def test_adaptive_sampling_gives_up_after_its_rounds_and_within_the_budget
     budget runs no round at all."""
     trainer, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=2, token_s=lambda key: 0.001,
                                   env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=2)
-    assert stats.resample_rounds == 2 * 2 * B and stats.groups_rescued == 0
+    assert stats.resample_rounds == 2 * 2 * B and stats.groups_rescued == stats.groups_resample_denied == 0
     assert [len(g) for g in trainer.puts] == [N] * 2 * B
     assert all(t.metadata["reward_pool"]["n"] == 3 * N for g in trainer.puts for t in g)
     _, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=2, token_s=lambda key: 0.001,
                             env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=2, max_dropped_per_queued=0)
-    assert stats.resample_rounds == 0
+    assert stats.resample_rounds == 0 and stats.groups_resample_denied == 2 * B
