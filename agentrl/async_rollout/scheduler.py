@@ -98,22 +98,32 @@ class RolloutStats:
     started_at: float = field(default_factory=time.monotonic)
 
 
-def _balanced(pool: list[Trajectory], size: int) -> list[Trajectory]:
-    """``size`` trajectories of an adaptively sampled pool, solved and unsolved ones as even as the pool allows
-    (Reinforce-Ada-balance), the newest first within each (the least stale); each carries the whole pool's reward
-    statistics (``metadata["reward_pool"]``), which its advantage is taken against (Reinforce-Ada's global
-    baseline: the pool estimates the prompt's pass rate better than the kept few)."""
-    newest = sorted(pool, key=lambda t: t.min_version, reverse=True)
-    good = [t for t in newest if solved(t)]
-    bad = [t for t in newest if not solved(t)]
-    n_good = min(len(good), max(size // 2, size - len(bad)))
+Episode = list[Trajectory]  # one episode's trajectories (an agent episode: one per token branch)
+
+
+def _balanced(pool: list[Episode], size: int) -> list[Episode]:
+    """``size`` episodes of an adaptively sampled pool, solved and unsolved ones as even as the pool allows
+    (Reinforce-Ada-balance), the newest first within each (the least stale; the later round first among equals);
+    each trajectory kept carries the whole pool's reward statistics (``metadata["reward_pool"]``), which its advantage
+    is taken against (Reinforce-Ada's global baseline: the pool estimates the prompt's pass rate better than the
+    kept few). Episodes are kept or cut whole: an agent episode's branches share tokens trained on one of them."""
+    newest = [e for _, _, e in sorted(((min(t.min_version for t in e), i, e) for i, e in enumerate(pool) if e),
+                                      key=lambda x: (x[0], x[1]), reverse=True)]
+    good = [e for e in newest if any(map(solved, e))]
+    bad = [e for e in newest if not any(map(solved, e))]
+    n_good = min(len(good), max(size // 2, size - len(bad), 1 if good else 0))
     kept = good[:n_good] + bad[: size - n_good]
-    rewards = [float(t.reward) for t in pool]
+    rewards = [float(t.reward) for e in pool for t in e]
     stats = {"n": len(rewards), "mean": statistics.fmean(rewards),
              "std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0}
-    for t in kept:
-        t.metadata["reward_pool"] = dict(stats)
+    for e in kept:
+        for t in e:
+            t.metadata["reward_pool"] = dict(stats)
     return kept
+
+
+def _flat(episodes: list[Episode]) -> list[Trajectory]:
+    return [t for e in episodes for t in e]
 
 
 class _StaleGroup(Exception):
@@ -195,16 +205,17 @@ class RolloutScheduler:
         failures = stale = 0
         while failures <= self.config.group_retries and stale <= self.config.max_stale_restarts:
             try:
-                pool = await self._episodes(task, group_id)
-                first = len(pool)
-                pool = await self._resample(task, group_id, pool)
-                self._observe(task, pool)
-                group = pool if len(pool) == first else self._sized(_balanced(pool, first))
-                uniform = self.config.drop_uniform_groups and len({t.reward for t in group}) == 1
+                episodes = await self._episodes(task, group_id)
+                self._observe(task, _flat(episodes))  # the first round only: an unbiased pass rate
+                pool, rounds = await self._resample(task, group_id, episodes)
+                group = self._sized(_flat(episodes if len(pool) == len(episodes) else _balanced(pool, len(episodes))))
+                uniform = self.config.drop_uniform_groups and len({t.reward for t in _flat(pool)}) == 1
                 if uniform and self._may_drop():
                     self.stats.groups_filtered += 1
+                    self._count_rounds(pool, rounds)
                     return await self.gate.release(requeue=True)
                 await self._queue(group)
+                self._count_rounds(pool, rounds)
                 self.stats.groups_uniform_queued += uniform
                 return await self.gate.release()
             except _StaleGroup as exc:
@@ -228,20 +239,25 @@ class RolloutScheduler:
         spent = self.stats.groups_filtered + self.stats.resample_rounds
         return budget is None or spent < budget * (self.stats.groups_queued + 1)
 
-    async def _resample(self, task: Task, group_id: str, pool: list[Trajectory]) -> list[Trajectory]:
+    async def _resample(self, task: Task, group_id: str, pool: list[Episode]) -> tuple[list[Episode], int]:
         """Adaptive sampling (Reinforce-Ada's rounds): while no episode of the task's pool solved it, run another
         round of ``n_samples`` episodes, at most ``resample_unsolved`` rounds and within the dropping budget. A group
         of all-wrong answers has no signal toward the right one (at most the format reward's), and a hard prompt
-        that 8 samples miss is often solved by the next 8; those are the groups RL learns most from."""
+        that 8 samples miss is often solved by the next 8; those are the groups RL learns most from. Returns the
+        pool and the rounds run."""
         rounds = 0
-        while rounds < self.config.resample_unsolved and not any(map(solved, pool)) and self._may_drop():
+        while rounds < self.config.resample_unsolved and not any(map(solved, _flat(pool))) and self._may_drop():
             rounds += 1
             self.stats.resample_rounds += 1
             pool = pool + await self._episodes(task, group_id)
-        unsolved = not any(map(solved, pool))
-        self.stats.groups_rescued += rounds > 0 and not unsolved
-        self.stats.groups_resample_denied += unsolved and rounds < self.config.resample_unsolved
-        return pool
+        return pool, rounds
+
+    def _count_rounds(self, pool: list[Episode], rounds: int) -> None:
+        """Adaptive sampling's outcome, counted once the group is queued or dropped (not per stale restart)."""
+        if self.config.resample_unsolved:
+            unsolved = not any(map(solved, _flat(pool)))
+            self.stats.groups_rescued += rounds > 0 and not unsolved
+            self.stats.groups_resample_denied += unsolved and rounds < self.config.resample_unsolved
 
     def _sized(self, group: list[Trajectory]) -> list[Trajectory]:
         """Say the group's size on its trajectories where it is not ``n_samples`` (see the module docstring)."""
@@ -261,17 +277,14 @@ class RolloutScheduler:
         if observe is not None:
             observe(task, group)
 
-    async def _episodes(self, task: Task, group_id: str) -> list[Trajectory]:
+    async def _episodes(self, task: Task, group_id: str) -> list[Episode]:
+        """A round: ``n_samples`` episodes of the task, run together."""
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(self._episode(task, group_id)) for _ in range(self.config.n_samples)]
         except* AgentRLError as eg:
             raise eg.exceptions[0] from None
-        group = [traj for t in tasks for traj in t.result()]
-        if len(group) != self.config.n_samples:
-            for traj in group:
-                traj.metadata["group_size"] = len(group)
-        return group
+        return [t.result() for t in tasks]
 
     async def _episode(self, task: Task, group_id: str) -> list[Trajectory]:
         """Run one episode; run it again from scratch whenever the weight follower restarts it."""

@@ -228,7 +228,7 @@ class RolloutWorker:
         e = self.cfg.engine
         if self.cfg.rollout.scheduler.n_samples < 2:
             return False
-        servers = len(e.url.split(",")) if e.url else e.num_servers
+        servers = len([u for u in e.url.split(",") if u.strip()]) if e.url else e.num_servers
         if e.router and e.router_policy != "cache_aware" and servers > 1:
             logger.info("groups' prompts are not prefilled once: the sglang-router's policy %s does not send a "
                         "group's samples to the server holding the prefill (cache_aware does)", e.router_policy)

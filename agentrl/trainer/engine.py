@@ -145,7 +145,7 @@ class Trainer:
         this process: ``attention_fp32_max_keys`` as given, or measured on rank 0 (``auto``; every rank takes its
         value); 0 unless the trainer computes in bf16 on a CPU."""
         setting = self.config.attention_fp32_max_keys
-        if self.precision.dtype != "bf16" or self._dist.device.type != "cpu":
+        if not self._bf16_cpu():
             keys = 0
         elif setting != "auto":
             keys = setting
@@ -157,6 +157,9 @@ class Trainer:
             keys = broadcast_object(sdpa_precision.measure_limit(heads, kv_heads, dim) if self.rank == 0 else None)
         sdpa_precision.set_limit(keys)
         return keys
+
+    def _bf16_cpu(self) -> bool:
+        return self.precision.dtype == "bf16" and self._dist.device.type == "cpu"
 
     def _checkpointing_rule(self) -> bool | Callable[[PreTrainedModel], bool]:
         """``activation_checkpointing`` as given, or for ``auto`` a rule that measures the decoder's activation bytes
@@ -308,7 +311,8 @@ class Trainer:
     def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Atomically write model, optimiser, scheduler, RNG, step, version and ``extra`` (JSON)."""
         state = {"step": self.step, "weight_version": self.weight_version,
-                 "attention_fp32_max_keys": self.attention_fp32_max_keys}
+                 # only where it means something: a bf16 trainer on a CPU (elsewhere it is 0 by construction)
+                 "attention_fp32_max_keys": self.attention_fp32_max_keys if self._bf16_cpu() else None}
         return storage.save_checkpoint(
             Path(path),
             model=self._policy,
@@ -326,7 +330,7 @@ class Trainer:
         self.step = int(doc["step"])
         self.weight_version = int(doc["weight_version"])
         saved = doc.get("attention_fp32_max_keys")
-        if saved is not None and self.config.attention_fp32_max_keys == "auto" and self.precision.dtype == "bf16":
+        if saved is not None and self.config.attention_fp32_max_keys == "auto" and self._bf16_cpu():
             # a resumed run keeps the path its steps so far took, not what this start happened to measure
             if saved != self.attention_fp32_max_keys:
                 logger.info("bf16 attention in fp32 up to %d keys, as before the checkpoint (measured now: %d)",

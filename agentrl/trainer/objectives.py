@@ -57,7 +57,8 @@ def group_advantages(rewards: Tensor, group_index: Tensor, method: Advantage, ep
         mean = torch.where(pooled, pool[:, 1], mean)
     centred = rewards - mean
     if method == "grpo":
-        sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, centred**2)
+        own = rewards - (total / count)[group_index]  # a member without a pool: its group's own spread
+        sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, own**2)
         std = torch.sqrt(sq[group_index] / (n - 1).clamp_min(1))
         if pool is not None:
             std = torch.where(pooled, pool[:, 2], std)

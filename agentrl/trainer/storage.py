@@ -2,8 +2,8 @@
 
 Checkpoint folder::
 
-    trainer_state.json   step, weight_version, world_size, scheduler state, LoRA settings (or null), the caller's
-                         ``extra`` (JSON)
+    trainer_state.json   step, weight_version, world_size, scheduler state, LoRA settings (or null), the bf16 CPU
+                         attention's fp32 limit (or null), the caller's ``extra`` (JSON)
     state/               model + optimiser, sharded with torch.distributed.checkpoint (reshardable: a run
                          saved at one world size resumes at another); with LoRA the adapters and their optimiser
                          state only (the frozen base is the model the trainer starts from)

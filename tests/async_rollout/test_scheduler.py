@@ -255,14 +255,78 @@ async def test_adaptive_sampling_resamples_unsolved_groups_and_keeps_a_balanced_
     assert not any("group_size" in t.metadata for g in trainer.puts for t in g)
 
 
-async def test_adaptive_sampling_gives_up_after_its_rounds_and_within_the_budget(chat_tokenizer):
-    """A task never solved: resample_unsolved rounds each, then the group is queued (newest episodes); a zero
-    budget runs no round at all."""
+async def test_adaptive_sampling_gives_up_after_its_rounds_keeping_the_newest_episodes(chat_tokenizer):
+    """A task never solved: resample_unsolved rounds each, then the group is queued with the last round's episodes
+    (the least stale) and the pool's statistics."""
+    scored: dict[str, int] = {}
+
+    def reward(task):  # never solved; the k-th episode of a task scores k / 100
+        scored[task.id] = scored.get(task.id, 0) + 1
+        return scored[task.id] / 100
+
     trainer, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=2, token_s=lambda key: 0.001,
-                                  env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=2)
+                                  env=lambda: OneTurnEnv(reward), resample_unsolved=2)
     assert stats.resample_rounds == 2 * 2 * B and stats.groups_rescued == stats.groups_resample_denied == 0
-    assert [len(g) for g in trainer.puts] == [N] * 2 * B
-    assert all(t.metadata["reward_pool"]["n"] == 3 * N for g in trainer.puts for t in g)
+    assert [sorted(round(t.reward * 100) for t in g) for g in trainer.puts] == [[7, 8, 9]] * 2 * B  # N = 3: round 3
+    assert all(t.metadata["reward_pool"] == pytest.approx({"n": 9, "mean": 0.05, "std": 0.0273861}, rel=1e-5)
+               for g in trainer.puts for t in g)
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.5])
+async def test_adaptive_sampling_rounds_come_out_of_the_dropping_budget(chat_tokenizer, budget):
+    """Each extra round counts as a dropped group: within budget x groups queued, the rest of the unsolved groups are
+    queued without one (and counted)."""
+    trainer, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=4, token_s=lambda key: 0.001,
+                                  env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=1,
+                                  max_dropped_per_queued=budget)
+    assert stats.groups_queued == 4 * B
+    assert stats.resample_rounds <= budget * stats.groups_queued + 1e-9
+    assert stats.resample_rounds + stats.groups_resample_denied == 4 * B
+    assert (stats.resample_rounds > 0) is (budget > 0)
+    assert sum("reward_pool" in g[0].metadata for g in trainer.puts) == stats.resample_rounds
+
+
+async def test_adaptive_sampling_drops_a_pool_whose_rewards_are_all_equal(chat_tokenizer):
+    """With dynamic sampling a pool is uniform when all its episodes scored alike (not only the kept ones)."""
     _, stats, _ = await run(chat_tokenizer, mode="drain", eta=1, steps=2, token_s=lambda key: 0.001,
-                            env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=2, max_dropped_per_queued=0)
-    assert stats.resample_rounds == 0 and stats.groups_resample_denied == 2 * B
+                            env=lambda: OneTurnEnv(lambda task: 0.0), resample_unsolved=1, drop_uniform_groups=True,
+                            max_dropped_per_queued=1.0)
+    assert stats.groups_filtered > 0 and stats.resample_rounds > 0
+    assert stats.groups_filtered + stats.resample_rounds <= 1.0 * stats.groups_queued + 1e-9
+
+
+async def test_adaptive_sampling_keeps_or_cuts_agent_episodes_whole(chat_tokenizer):
+    """An agent episode's branches (several trajectories) stay together through the cut; the group says its size."""
+    import dataclasses
+
+    engine = SimEngine(lambda key: 0.001)
+    scored: dict[str, int] = {}
+
+    def reward(task):
+        scored[task.id] = scored.get(task.id, 0) + 1
+        return 1.0 if scored[task.id] == N + 2 else 0.0  # the second episode of the second round
+
+    inner = EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=4), EpisodeBudget(max_turns=1))
+
+    class Forking:  # every episode ends on two branches
+        async def episode(self, env, task, *, env_name="", group_id=""):
+            [t] = await inner.episode(env, task, env_name=env_name, group_id=group_id)
+            return [t, dataclasses.replace(t, trajectory_id=t.trajectory_id + "/b", metadata=dict(t.metadata))]
+
+    registry = SimRegistry()
+    trainer = FifoTrainer(1, registry)
+    scheduler = RolloutScheduler(
+        runner=Forking(), engine=engine, make_env=lambda: OneTurnEnv(reward), env_name="one", tasks=task_stream(),
+        sink=trainer, weights=registry,
+        config=RolloutConfig(n_samples=N, groups_per_step=1, max_running_groups=1, resample_unsolved=1))
+    train = asyncio.create_task(trainer.run(2))
+    async with asyncio.timeout(60):
+        stats = await scheduler.run(total_groups=2, final_version=2)
+        await train
+    assert stats.groups_rescued == 2
+    for g in trainer.puts:
+        ids = {t.trajectory_id for t in g}
+        assert len(g) == 2 * N and all(t.metadata["group_size"] == 2 * N for t in g)
+        assert all(i + "/b" in ids for i in ids if not i.endswith("/b"))  # whole episodes
+        assert sum(t.reward == 1.0 for t in g) == 2  # the solved episode, both its branches
+        assert g[0].metadata["reward_pool"]["n"] == 4 * N

@@ -76,6 +76,7 @@ def test_the_worker_reports_memory_only_from_a_sampler_of_its_own(tmp_path: Path
     (["engine.router=true", "engine.router_policy=round_robin", "engine.num_servers=2"], False),  # spread over them
     (["engine.router=true", "engine.router_policy=power_of_two", "engine.url=http://a:1,http://b:2"], False),
     (["engine.router=true", "engine.router_policy=round_robin"], True),  # one server: nowhere else to go
+    (["engine.router=true", "engine.router_policy=random", "engine.url=http://a:1,"], True),
     (["rollout.n_samples=1"], False),  # nothing to share
 ])
 def test_a_groups_prompt_is_prefilled_once_only_where_its_samples_meet_the_prefill(

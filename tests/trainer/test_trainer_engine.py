@@ -258,3 +258,8 @@ def test_a_resumed_trainer_keeps_the_attention_limit_of_its_checkpoint(tiny_conf
     with Trainer(tiny_config(dtype="bf16", attention_fp32_max_keys=64)) as tr:
         tr.load_checkpoint(tmp_path / "ck")
         assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 64
+    with Trainer(tiny_config(dtype="fp32")) as tr:  # an fp32 checkpoint says nothing about bf16 attention
+        tr.save_checkpoint(tmp_path / "fp32")
+    with Trainer(tiny_config(dtype="bf16")) as tr:
+        tr.load_checkpoint(tmp_path / "fp32")
+        assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 128

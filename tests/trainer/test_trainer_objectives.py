@@ -302,3 +302,17 @@ def test_group_advantages_take_a_pools_statistics_where_given(method):
     assert got[:4].tolist() == pytest.approx([(r - m) * scale for r in [1.0, 0.0, 0.0, 0.0]], rel=1e-5)
     assert got[4:].tolist() == pytest.approx(group_advantages(rewards[4:], index[4:] - 1, method).tolist())
     assert got[1] != pytest.approx(group_advantages(rewards[:4], index[:4], method)[1].item())  # not the group's
+
+
+def test_group_advantages_with_a_pool_of_equal_rewards_or_a_pool_on_some_members_only():
+    """A pool whose rewards were all equal gives 0 (grpo: no division blow-up); a member without a pool in a group
+    whose others have one keeps its group's own statistics, and its std is its group's own spread."""
+    rewards = torch.tensor([0.1, 0.1, 1.0, 0.0])
+    index = torch.tensor([0, 0, 1, 1])
+    nan = float("nan")
+    pool = torch.tensor([[16, 0.1, 0.0]] * 2 + [[16, 0.25, 0.4472136], [nan] * 3])
+    got = group_advantages(rewards, index, "grpo", pool=pool)
+    assert got[:2].tolist() == [0.0, 0.0]
+    assert got[2].item() == pytest.approx(0.75 / 0.4472136, rel=1e-5)
+    own_std = statistics.stdev([1.0, 0.0])
+    assert got[3].item() == pytest.approx((0.0 - 0.5) / own_std, rel=1e-5)
