@@ -54,7 +54,8 @@ DEMO: dict[str, Any] = {
                 "max_dropped_per_queued": 1.0,
                 # adaptive sampling: a group with no solved episode gets one more round of 8 (from the same budget).
                 # Two failed Zen 4 runs (seed 0 at f3ef5f7, seed 2 at 9cc59fb) queued 51 groups with none solved,
-                # all on the parenthesis wordings, and never learned "c times the sum of a and b" (a good run: 7)
+                # all on the parenthesis wordings, and never learned "c times the sum of a and b" (a good run: 7).
+                # With it seeds 0-2 ended at 0.975, 0.925, 0.95 (5 of the 13 Zen 4 runs before: below 0.9)
                 "resample_unsolved": 1},
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.1}},
     # shared_prefix: each group's ~86-token prompt runs once for its 8 responses, not 8 times (an RL step of
