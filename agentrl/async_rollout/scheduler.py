@@ -107,10 +107,12 @@ def _balanced(pool: list[Episode], size: int) -> list[Episode]:
     each trajectory kept carries the whole pool's reward statistics (``metadata["reward_pool"]``), which its advantage
     is taken against (Reinforce-Ada's global baseline: the pool estimates the prompt's pass rate better than the
     kept few). Episodes are kept or cut whole: an agent episode's branches share tokens trained on one of them."""
-    newest = [e for _, _, e in sorted(((min(t.min_version for t in e), i, e) for i, e in enumerate(pool) if e),
-                                      key=lambda x: (x[0], x[1]), reverse=True)]
-    good = [e for e in newest if any(map(solved, e))]
-    bad = [e for e in newest if not any(map(solved, e))]
+    order = sorted((i for i, e in enumerate(pool) if e), key=lambda i: (min(t.min_version for t in pool[i]), i),
+                   reverse=True)
+    good: list[Episode] = []
+    bad: list[Episode] = []
+    for i in order:
+        (good if any(map(solved, pool[i])) else bad).append(pool[i])
     n_good = min(len(good), max(size // 2, size - len(bad), 1 if good else 0))
     kept = good[:n_good] + bad[: size - n_good]
     rewards = [float(t.reward) for e in pool for t in e]

@@ -120,6 +120,11 @@ class EngineSection(_Composed):
     pool: PoolConfig = PoolConfig()
     timeouts: Timeouts = Timeouts()
 
+    @property
+    def urls(self) -> list[str]:
+        """The running servers ``url`` names, empty entries skipped ([] when the run starts its own)."""
+        return [u for u in (s.strip() for s in (self.url or "").split(",")) if u]
+
 
 class GatewaySection(_Composed):
     """The agent gateway of agent environments (:class:`agentrl.gateway.GatewayConfig`). Three of its settings
@@ -377,7 +382,7 @@ class RunConfig(_Section):
         cannot be (a placement it cannot see here is checked at each update, which then falls back to disk)."""
         if self.weight_sync.mode != "tensor":
             return self
-        remote = [u for u in (u.strip() for u in (self.engine.url or "").split(",")) if u and not _local_url(u)]
+        remote = [u for u in self.engine.urls if not _local_url(u)]
         if remote:
             raise ValueError(f"weight_sync: tensor loads weights from the trainer's shared memory, so the servers "
                              f"must run on its host; engine.url names {', '.join(remote)}: use weight_sync: "

@@ -109,7 +109,7 @@ class RolloutWorker:
         handle = await connect_redis(self.redis_url)
         stack.push_async_callback(handle.aclose)
         if cfg.engine.url:
-            members: list[Any] = [u.strip() for u in cfg.engine.url.split(",") if u.strip()]
+            members: list[Any] = cfg.engine.urls
         else:
             members = await self._start_servers(base_model)
         self.client = self._pool(members)  # restarted servers are recorded by their on_spawn
@@ -228,7 +228,7 @@ class RolloutWorker:
         e = self.cfg.engine
         if self.cfg.rollout.scheduler.n_samples < 2:
             return False
-        servers = len([u for u in e.url.split(",") if u.strip()]) if e.url else e.num_servers
+        servers = len(e.urls) if e.url else e.num_servers
         if e.router and e.router_policy != "cache_aware" and servers > 1:
             logger.info("groups' prompts are not prefilled once: the sglang-router's policy %s does not send a "
                         "group's samples to the server holding the prefill (cache_aware does)", e.router_policy)

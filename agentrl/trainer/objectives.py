@@ -47,7 +47,7 @@ def group_advantages(rewards: Tensor, group_index: Tensor, method: Advantage, ep
     num_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
     count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, torch.ones_like(rewards))
     total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, rewards)
-    mean = (total / count)[group_index]
+    mean = group_mean = (total / count)[group_index]
     n = count[group_index]
     pooled = torch.zeros_like(rewards, dtype=torch.bool)
     if pool is not None:
@@ -57,8 +57,8 @@ def group_advantages(rewards: Tensor, group_index: Tensor, method: Advantage, ep
         mean = torch.where(pooled, pool[:, 1], mean)
     centred = rewards - mean
     if method == "grpo":
-        own = rewards - (total / count)[group_index]  # a member without a pool: its group's own spread
-        sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, own**2)
+        # a member without a pool: its group's own spread
+        sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, (rewards - group_mean) ** 2)
         std = torch.sqrt(sq[group_index] / (n - 1).clamp_min(1))
         if pool is not None:
             std = torch.where(pooled, pool[:, 2], std)
