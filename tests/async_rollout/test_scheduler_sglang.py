@@ -64,3 +64,67 @@ async def test_scheduler_with_sglang_redis_and_the_trainers_reader(sglang_url, r
             assert t.loss_mask.tolist() == [0] * t.prompt_len + [1] * (t.num_tokens - t.prompt_len)
             assert t.generated_versions == sorted(t.generated_versions)
     assert stats.versions_loaded == [1, 2, 3] and stats.groups_queued == STEPS * B
+
+
+async def test_adaptive_sampling_with_sglang_redis_and_the_trainers_prepare(sglang_url, redis_client, chat_tokenizer,
+                                                                            tiny_model_path):
+    """resample_unsolved on the real path: each task is first solved by its (N + 1)-th episode, so every group runs a
+    second round on SGLang, is cut back to N (the solved episode kept), crosses Redis with its pool's statistics, is
+    read by the trainer's reader and gets the pool's baseline in the trainer's own ``prepare_rl``."""
+    from agentrl.launcher.protocol import read_groups
+    from agentrl.trainer.collate import prepare_rl
+    from agentrl.trainer.config import LossConfig
+
+    scored: dict[str, int] = {}
+
+    def reward(task):
+        scored[task.id] = scored.get(task.id, 0) + 1
+        return 1.0 if scored[task.id] == N + 1 else 0.0
+
+    name = f"test:{uuid.uuid4().hex[:8]}"
+    queue = TrajectoryQueue(redis_client, f"{name}:traj", consumer="trainer-0", capacity=64)
+    registry = WeightRegistry(redis_client, name)
+    async with SGLangClient(sglang_url) as client:
+        await client.set_weight_version(0)
+        await registry.publish(0, str(tiny_model_path), step=0)
+        runner = EpisodeRunner(client, chat_tokenizer, SamplingParams(max_new_tokens=16, temperature=1.0),
+                               EpisodeBudget(max_turns=1, max_response_tokens=16))
+        scheduler = RolloutScheduler(
+            runner=runner, engine=client, make_env=lambda: OneTurnEnv(reward), env_name="one", tasks=task_stream(),
+            sink=queue, weights=registry,
+            config=RolloutConfig(n_samples=N, groups_per_step=B, max_staleness=ETA, max_running_groups=2,
+                                 # no dropping budget: both groups start before any is queued, and a budget
+                                 # would refuse one of them its round depending on timing
+                                 resample_unsolved=1, max_dropped_per_queued=None))
+        consumed: list[list] = []
+
+        async def trainer() -> None:
+            carry: dict = {}
+            for version in range(2):
+                entries = await read_groups(queue, groups=B, group_size=N, carry=carry, stop_after_s=300)
+                consumed.append([e.trajectory for e in entries])
+                await queue.ack([e.entry_id for e in entries])
+                await registry.publish(version + 1, str(tiny_model_path), step=version + 1)
+
+        async with asyncio.timeout(600):
+            train = asyncio.create_task(trainer())
+            stats = await scheduler.run(total_groups=2 * B, final_version=2)
+            await train
+    await queue.aclose()
+    await registry.aclose()
+
+    assert stats.resample_rounds == stats.groups_rescued == 2 * B and stats.groups_resample_denied == 0
+    assert set(scored.values()) == {2 * N}  # two rounds of N episodes per task, no more
+    for step, trajectories in enumerate(consumed):
+        assert len(trajectories) == B * N
+        groups: dict[str, list] = {}
+        for t in trajectories:
+            groups.setdefault(t.group_id, []).append(t)
+            assert t.metadata["reward_pool"] == {"n": 2 * N, "mean": pytest.approx(1 / (2 * N)), "std": pytest.approx(
+                (1 / (2 * N) * (1 - 1 / (2 * N)) * 2 * N / (2 * N - 1)) ** 0.5)}
+            assert t.loss_mask.tolist() == [0] * t.prompt_len + [1] * (t.num_tokens - t.prompt_len)
+        assert sorted(sum(t.reward for t in g) for g in groups.values()) == [1.0] * B  # the rescued episode kept
+        batch = prepare_rl(trajectories, current_version=step, cfg=LossConfig(advantage="dr_grpo"))
+        advantages = sorted(round(s.advantage, 6) for s in batch.samples)
+        # against the pool's mean 1/(2N), not the kept group's 1/N
+        assert advantages == sorted([round(-1 / (2 * N), 6)] * (N - 1) * B + [round(1 - 1 / (2 * N), 6)] * B)
