@@ -101,6 +101,18 @@ def test_a_group_cut_from_a_pool_is_centred_on_the_pools_mean_after_the_queue() 
     assert [s.advantage for s in prep.samples] == pytest.approx([0.875, -0.125, 0.5, -0.5])
 
 
+@pytest.mark.parametrize("bad", [{"n": 8, "mean": 0.125}, {"n": 0, "mean": 0.1, "std": 0.1}, "pool",
+                                 {"n": 8, "mean": math.nan, "std": 0.1}, {"n": 8, "mean": "x", "std": 0.1}])
+def test_a_malformed_reward_pool_is_ignored_with_a_warning(bad, caplog) -> None:
+    """The queue may hold trajectories from other producers: a reward_pool that is not {n, mean, std} leaves the
+    trajectory on its own group's statistics (the trainer goes on)."""
+    trajs = [make_traj([1, 2, 3], 1, [0, 1, 1], reward=r, group="a", tid=f"a{i}") for i, r in enumerate([1.0, 0.0])]
+    trajs[0].metadata["reward_pool"] = bad
+    prep = prepare_rl(trajs, current_version=0, cfg=LossConfig(advantage="dr_grpo"))
+    assert [s.advantage for s in prep.samples] == pytest.approx([0.5, -0.5])
+    assert "reward_pool" in caplog.text and "a0" in caplog.text
+
+
 @pytest.mark.parametrize("layout", ["packed", "padded"])
 def test_budget_respected_and_layouts_score_the_same_tokens(layout: str) -> None:
     prep = prepare_rl(
