@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from agentrl.errors import ConfigError, TrainerError
 from agentrl.trainer import prefix_attention
 from agentrl.trainer.config import LoraConfig, OptimizerConfig
-from agentrl.trainer.objectives import entropy_from_logits, token_logprobs
+from agentrl.trainer.objectives import entropy_from_logits, entropy_given_lse
 from agentrl.trainer.prefix_attention import PrefixAttention
 
 if TYPE_CHECKING:
@@ -121,12 +121,16 @@ class ScoredLM(nn.Module):
         chunk = self.logits_chunk_tokens
         if chunk is None or h.shape[0] <= chunk:
             return self._score(h, targets, temperature, entropy)
-        parts = [
-            checkpoint(self._score, hc, tc, temperature, entropy, use_reentrant=False)
-            if torch.is_grad_enabled()
-            else self._score(hc, tc, temperature, entropy)
-            for hc, tc in zip(h.split(chunk), targets.split(chunk))
-        ]
+        parts: list[tuple[Tensor, Tensor | None]] = []
+        for hc, tc in zip(h.split(chunk), targets.split(chunk)):
+            if torch.is_grad_enabled():
+                # the entropy metric (no gradient) comes out through ``metric`` at the first call only: the backward
+                # pass's recomputation of the chunk skips it
+                metric: list[Tensor] = []
+                logp, ent = checkpoint(self._score, hc, tc, temperature, entropy, metric, use_reentrant=False)
+                parts.append((logp, metric[0] if metric else ent))
+            else:
+                parts.append(self._score(hc, tc, temperature, entropy))
         logp = torch.cat([p[0] for p in parts])
         ents = [p[1] for p in parts]
         return logp, torch.cat(ents) if ents[0] is not None else None  # type: ignore[arg-type]
@@ -137,21 +141,26 @@ class ScoredLM(nn.Module):
         return _adapters_off(self, peft) if peft is not None else nullcontext()
 
     def _score(
-        self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
+        self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode,
+        metric: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Head, softcap, temperature and log-softmax on the hidden states ``h`` of scored positions."""
+        """Head, softcap, temperature and log-softmax on the hidden states ``h`` of scored positions. With
+        ``metric`` (a list) the entropy metric is appended to it instead of returned, and only while it is empty."""
         logits = self.lm.get_output_embeddings()(h).float()
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         if temperature != 1.0:
             logits = logits / temperature  # the entropy below is the tempered distribution's too
-        logp = token_logprobs(logits, targets)
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # objectives.token_logprobs, its lse kept
         ent: Tensor | None = None
         if entropy == "grad":
             ent = entropy_from_logits(logits)
-        elif entropy == "metric":
-            with torch.no_grad():
-                ent = entropy_from_logits(logits.detach())
+        elif entropy == "metric" and not metric:
+            ent = entropy_given_lse(logits.detach(), lse.detach())
+            if metric is not None:
+                metric.append(ent)
+                ent = None
         return logp, ent
 
 

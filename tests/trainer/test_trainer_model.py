@@ -73,6 +73,27 @@ def test_scored_positions_only_equal_the_all_positions_path(tiny_lm, layout: str
         torch.testing.assert_close(g, r, atol=1e-5 * float(r.abs().max()), rtol=1e-4)
 
 
+def test_the_entropy_metric_equals_the_entropy_and_is_not_recomputed_in_the_backward_pass(tiny_lm, monkeypatch) -> None:
+    """The metric (no gradient) is the entropy's value, from the log-probabilities' own logsumexp; a checkpointed
+    chunk's recomputation in the backward pass does not compute it again."""
+    from agentrl.trainer import model as model_mod
+
+    calls = []
+    real = model_mod.entropy_given_lse
+    monkeypatch.setattr(model_mod, "entropy_given_lse", lambda *a: calls.append(1) or real(*a))
+    samples = prepare_rl(random_batch(3, n=6), current_version=0, cfg=LossConfig()).samples
+    (mb,) = plan_micro_batches(samples, mode="token_mean", token_budget=1000, layout="packed")
+    scored = ScoredLM(tiny_lm, logits_chunk_tokens=5)
+    args = (mb.input_ids, mb.position_ids, mb.attention_mask, mb.score_index, mb.targets, 1.3)
+    logp, ent = scored(*args, "grad")
+    logp_m, metric = scored(*args, "metric")
+    assert metric is not None and not metric.requires_grad and len(calls) == -(-mb.targets.numel() // 5)
+    torch.testing.assert_close(metric, ent.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logp_m, logp)
+    logp_m.sum().backward()  # recomputes every chunk
+    assert len(calls) == -(-mb.targets.numel() // 5)
+
+
 def test_the_activation_probe_measures_what_checkpointing_saves(tiny_model_path: Path) -> None:
     lm = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32, attn_implementation="sdpa")
     cfg = lm.config

@@ -17,6 +17,7 @@ from agentrl.trainer.objectives import (
     aggregate,
     aggregation_weights,
     entropy_from_logits,
+    entropy_given_lse,
     group_advantages,
     kl_penalty,
     policy_loss,
@@ -275,6 +276,7 @@ def test_entropy_and_logprobs_from_logits() -> None:
     targets = torch.tensor([0, 3, 10, 5])
     expected_h = torch.distributions.Categorical(logits=logits).entropy()
     torch.testing.assert_close(entropy_from_logits(logits), expected_h)
+    torch.testing.assert_close(entropy_given_lse(logits, torch.logsumexp(logits, -1)), expected_h)
     lp = token_logprobs(logits, targets, temperature=0.7)
     torch.testing.assert_close(lp, torch.log_softmax(logits / 0.7, -1)[torch.arange(4), targets])
 
