@@ -139,22 +139,28 @@ def staleness_of(trajectory: Trajectory, current_version: int) -> int:
     return 0 if oldest < 0 else max(current_version - oldest, 0)
 
 
-def _reward_pool(t: Trajectory) -> list[float] | None:
-    """``[n, mean, std]`` of the pool ``t``'s group was cut from (adaptive sampling's ``metadata["reward_pool"]``), or
-    None. The queue may hold trajectories from any producer: a malformed pool is warned about and ignored (the
-    trajectory keeps its own group's statistics), never a crash of the trainer."""
-    p = t.metadata.get("reward_pool")
-    if p is None:
-        return None
-    try:
-        row = [float(p["n"]), float(p["mean"]), float(p["std"])]
-    except (TypeError, KeyError, ValueError):
-        row = None
-    if row is None or not all(map(math.isfinite, row)) or row[0] < 1 or row[2] < 0:
-        logger.warning("trajectory %s: metadata reward_pool %r is not {n >= 1, mean, std >= 0} (finite numbers): "
-                       "ignored, its group's own statistics used", t.trajectory_id, p)
-        return None
-    return row
+def _reward_pools(trajectories: Sequence[Trajectory]) -> list[list[float] | None]:
+    """Per trajectory, ``[n, mean, std]`` of the pool its group was cut from (adaptive sampling's
+    ``metadata["reward_pool"]``), or None. The queue may hold trajectories from any producer: a malformed pool is
+    ignored (the trajectory keeps its own group's statistics) and warned about once per batch, never a crash."""
+    rows: list[list[float] | None] = []
+    bad: list[tuple[str, object]] = []
+    for t in trajectories:
+        p = t.metadata.get("reward_pool")
+        row: list[float] | None = None
+        if p is not None:
+            try:
+                row = [float(p["n"]), float(p["mean"]), float(p["std"])]
+            except (TypeError, KeyError, ValueError):
+                row = None
+            if row is None or not all(map(math.isfinite, row)) or row[0] < 1 or row[2] < 0:
+                bad.append((t.trajectory_id, p))
+                row = None
+        rows.append(row)
+    if bad:
+        logger.warning("%d trajectories carry a metadata reward_pool that is not {n >= 1, mean, std >= 0} (finite "
+                       "numbers), e.g. %s: %r: ignored, their groups' own statistics used", len(bad), *bad[0])
+    return rows
 
 
 def prepare_rl(trajectories: Sequence[Trajectory], *, current_version: int, cfg: LossConfig) -> PreparedBatch:
@@ -170,7 +176,7 @@ def prepare_rl(trajectories: Sequence[Trajectory], *, current_version: int, cfg:
     group_of: dict[str, int] = {}
     group_index = torch.tensor([group_of.setdefault(t.group_id, len(group_of)) for t in valid])
     rewards = torch.tensor([float(t.reward) for t in valid])
-    pools = [_reward_pool(t) for t in valid]
+    pools = _reward_pools(valid)
     pool = torch.tensor([p or [math.nan] * 3 for p in pools]) if any(pools) else None
     adv = group_advantages(rewards, group_index, cfg.advantage, cfg.adv_eps, pool).tolist()
     future = [t.trajectory_id for t in valid if max(t.generated_versions, default=-1) > current_version]

@@ -121,16 +121,12 @@ class ScoredLM(nn.Module):
         chunk = self.logits_chunk_tokens
         if chunk is None or h.shape[0] <= chunk:
             return self._score(h, targets, temperature, entropy)
-        parts: list[tuple[Tensor, Tensor | None]] = []
-        for hc, tc in zip(h.split(chunk), targets.split(chunk)):
-            if torch.is_grad_enabled():
-                # the entropy metric (no gradient) comes out through ``metric`` at the first call only: the backward
-                # pass's recomputation of the chunk skips it
-                metric: list[Tensor] = []
-                logp, ent = checkpoint(self._score, hc, tc, temperature, entropy, metric, use_reentrant=False)
-                parts.append((logp, metric[0] if metric else ent))
-            else:
-                parts.append(self._score(hc, tc, temperature, entropy))
+        parts = [
+            checkpoint(self._score, hc, tc, temperature, entropy, use_reentrant=False)
+            if torch.is_grad_enabled()
+            else self._score(hc, tc, temperature, entropy)
+            for hc, tc in zip(h.split(chunk), targets.split(chunk))
+        ]
         logp = torch.cat([p[0] for p in parts])
         ents = [p[1] for p in parts]
         return logp, torch.cat(ents) if ents[0] is not None else None  # type: ignore[arg-type]
@@ -141,11 +137,11 @@ class ScoredLM(nn.Module):
         return _adapters_off(self, peft) if peft is not None else nullcontext()
 
     def _score(
-        self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode,
-        metric: list[Tensor] | None = None,
+        self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
     ) -> tuple[Tensor, Tensor | None]:
-        """Head, softcap, temperature and log-softmax on the hidden states ``h`` of scored positions. With
-        ``metric`` (a list) the entropy metric is appended to it instead of returned, and only while it is empty."""
+        """Head, softcap, temperature and log-softmax on the hidden states ``h`` of scored positions. The entropy
+        metric comes last: a checkpointed chunk's recomputation in the backward pass stops at the last tensor saved
+        for it (non-reentrant checkpoint's early stop), so the metric is computed once."""
         logits = self.lm.get_output_embeddings()(h).float()
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
@@ -156,11 +152,8 @@ class ScoredLM(nn.Module):
         ent: Tensor | None = None
         if entropy == "grad":
             ent = entropy_from_logits(logits)
-        elif entropy == "metric" and not metric:
+        elif entropy == "metric":
             ent = entropy_given_lse(logits.detach(), lse.detach())
-            if metric is not None:
-                metric.append(ent)
-                ent = None
         return logp, ent
 
 

@@ -123,7 +123,7 @@ def entropy_given_lse(logits: Tensor, lse: Tensor) -> Tensor:
     log-probabilities' own): ``lse - sum(exp(z - lse) * z)``, four passes over the logits where recomputing the
     logsumexp and a softmax took nine (the entropy metric of every RL step, over ``[scored tokens, vocab]``)."""
     with torch.no_grad():
-        p = (logits.float() - lse[:, None]).exp_()
+        p = (logits.float() - lse.unsqueeze(-1)).exp_()
         return lse - p.mul_(logits).sum(-1)
 
 

@@ -20,44 +20,54 @@ pytestmark = [pytest.mark.sglang, pytest.mark.redis]
 B, N, STEPS, ETA = 2, 2, 3, 1
 
 
-@pytest.mark.parametrize("mode", ["interrupt", "abort_restart"])
-async def test_scheduler_with_sglang_redis_and_the_trainers_reader(sglang_url, redis_client, chat_tokenizer,
-                                                                   tiny_model_path, mode):
+async def run_with_trainer(sglang_url, redis_client, chat_tokenizer, tiny_model_path, *, env, config: RolloutConfig,
+                           steps: int, max_new_tokens: int):
+    """The scheduler on SGLang and Redis beside a stand-in trainer that reads ``steps`` batches with the trainer's
+    reader, acks them and publishes the same weights as the next version. Returns the batches consumed, the
+    scheduler's stats and the weight version SGLang serves at the end."""
     from agentrl.launcher.protocol import read_groups
 
     name = f"test:{uuid.uuid4().hex[:8]}"
     queue = TrajectoryQueue(redis_client, f"{name}:traj", consumer="trainer-0", capacity=64)
     registry = WeightRegistry(redis_client, name)
+    consumed: list[list] = []
     async with SGLangClient(sglang_url) as client:
         await client.set_weight_version(0)
         await registry.publish(0, str(tiny_model_path), step=0)
-        runner = EpisodeRunner(client, chat_tokenizer, SamplingParams(max_new_tokens=24, temperature=1.0),
-                               EpisodeBudget(max_turns=1, max_response_tokens=24))
-        scheduler = RolloutScheduler(
-            runner=runner, engine=client, make_env=lambda: OneTurnEnv(), env_name="one", tasks=task_stream(),
-            sink=queue, weights=registry,
-            config=RolloutConfig(n_samples=N, groups_per_step=B, max_staleness=ETA, max_running_groups=3,
-                                 update_mode=mode))
-        consumed: list[tuple[int, list]] = []
+        runner = EpisodeRunner(client, chat_tokenizer, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
+                               EpisodeBudget(max_turns=1, max_response_tokens=max_new_tokens))
+        scheduler = RolloutScheduler(runner=runner, engine=client, make_env=env, env_name="one", tasks=task_stream(),
+                                     sink=queue, weights=registry, config=config)
 
         async def trainer() -> None:
             carry: dict = {}
-            for version in range(STEPS):
-                entries = await read_groups(queue, groups=B, group_size=N, carry=carry, stop_after_s=300)
-                consumed.append((version, [e.trajectory for e in entries]))
+            for version in range(steps):
+                entries = await read_groups(queue, groups=config.groups_per_step, group_size=config.n_samples,
+                                            carry=carry, stop_after_s=300)
+                consumed.append([e.trajectory for e in entries])
                 await queue.ack([e.entry_id for e in entries])
                 await registry.publish(version + 1, str(tiny_model_path), step=version + 1)
 
         async with asyncio.timeout(600):
             train = asyncio.create_task(trainer())
-            stats = await scheduler.run(total_groups=STEPS * B, final_version=STEPS)
+            stats = await scheduler.run(total_groups=steps * config.groups_per_step, final_version=steps)
             await train
-        assert await client.weight_version() == STEPS
+        served = await client.weight_version()
     await queue.aclose()
     await registry.aclose()
+    return consumed, stats, served
 
-    assert [v for v, _ in consumed] == [0, 1, 2] and all(len(ts) == B * N for _, ts in consumed)
-    for version, trajectories in consumed:
+
+@pytest.mark.parametrize("mode", ["interrupt", "abort_restart"])
+async def test_scheduler_with_sglang_redis_and_the_trainers_reader(sglang_url, redis_client, chat_tokenizer,
+                                                                   tiny_model_path, mode):
+    consumed, stats, served = await run_with_trainer(
+        sglang_url, redis_client, chat_tokenizer, tiny_model_path, env=lambda: OneTurnEnv(), steps=STEPS,
+        max_new_tokens=24, config=RolloutConfig(n_samples=N, groups_per_step=B, max_staleness=ETA,
+                                                max_running_groups=3, update_mode=mode))
+    assert served == STEPS
+    assert len(consumed) == STEPS and all(len(ts) == B * N for ts in consumed)
+    for version, trajectories in enumerate(consumed):
         for t in trajectories:
             assert version - t.min_version <= ETA
             assert t.num_model_tokens == 24 or t.token_ids[-1] == chat_tokenizer.eos_token_id
@@ -71,7 +81,6 @@ async def test_adaptive_sampling_with_sglang_redis_and_the_trainers_prepare(sgla
     """resample_unsolved on the real path: each task is first solved by its (N + 1)-th episode, so every group runs a
     second round on SGLang, is cut back to N (the solved episode kept), crosses Redis with its pool's statistics, is
     read by the trainer's reader and gets the pool's baseline in the trainer's own ``prepare_rl``."""
-    from agentrl.launcher.protocol import read_groups
     from agentrl.trainer.collate import prepare_rl
     from agentrl.trainer.config import LossConfig
 
@@ -81,50 +90,29 @@ async def test_adaptive_sampling_with_sglang_redis_and_the_trainers_prepare(sgla
         scored[task.id] = scored.get(task.id, 0) + 1
         return 1.0 if scored[task.id] == N + 1 else 0.0
 
-    name = f"test:{uuid.uuid4().hex[:8]}"
-    queue = TrajectoryQueue(redis_client, f"{name}:traj", consumer="trainer-0", capacity=64)
-    registry = WeightRegistry(redis_client, name)
-    async with SGLangClient(sglang_url) as client:
-        await client.set_weight_version(0)
-        await registry.publish(0, str(tiny_model_path), step=0)
-        runner = EpisodeRunner(client, chat_tokenizer, SamplingParams(max_new_tokens=16, temperature=1.0),
-                               EpisodeBudget(max_turns=1, max_response_tokens=16))
-        scheduler = RolloutScheduler(
-            runner=runner, engine=client, make_env=lambda: OneTurnEnv(reward), env_name="one", tasks=task_stream(),
-            sink=queue, weights=registry,
-            config=RolloutConfig(n_samples=N, groups_per_step=B, max_staleness=ETA, max_running_groups=2,
-                                 # no dropping budget: both groups start before any is queued, and a budget
-                                 # would refuse one of them its round depending on timing
-                                 resample_unsolved=1, max_dropped_per_queued=None))
-        consumed: list[list] = []
-
-        async def trainer() -> None:
-            carry: dict = {}
-            for version in range(2):
-                entries = await read_groups(queue, groups=B, group_size=N, carry=carry, stop_after_s=300)
-                consumed.append([e.trajectory for e in entries])
-                await queue.ack([e.entry_id for e in entries])
-                await registry.publish(version + 1, str(tiny_model_path), step=version + 1)
-
-        async with asyncio.timeout(600):
-            train = asyncio.create_task(trainer())
-            stats = await scheduler.run(total_groups=2 * B, final_version=2)
-            await train
-    await queue.aclose()
-    await registry.aclose()
-
+    # no dropping budget: both groups start before any is queued, and a budget would refuse one of them its round
+    # depending on timing
+    config = RolloutConfig(n_samples=N, groups_per_step=B, max_staleness=ETA, max_running_groups=2,
+                           resample_unsolved=1, max_dropped_per_queued=None)
+    consumed, stats, _ = await run_with_trainer(sglang_url, redis_client, chat_tokenizer, tiny_model_path,
+                                                env=lambda: OneTurnEnv(reward), config=config, steps=2,
+                                                max_new_tokens=16)
     assert stats.resample_rounds == stats.groups_rescued == 2 * B and stats.groups_resample_denied == 0
     assert set(scored.values()) == {2 * N}  # two rounds of N episodes per task, no more
+    mean = 1 / (2 * N)  # one solved episode in a pool of 2N
+    std = (mean * (1 - mean) * 2 * N / (2 * N - 1)) ** 0.5  # the sample standard deviation
     for step, trajectories in enumerate(consumed):
         assert len(trajectories) == B * N
         groups: dict[str, list] = {}
         for t in trajectories:
             groups.setdefault(t.group_id, []).append(t)
-            assert t.metadata["reward_pool"] == {"n": 2 * N, "mean": pytest.approx(1 / (2 * N)), "std": pytest.approx(
-                (1 / (2 * N) * (1 - 1 / (2 * N)) * 2 * N / (2 * N - 1)) ** 0.5)}
+            assert t.metadata["reward_pool"] == {"n": 2 * N, "mean": pytest.approx(mean), "std": pytest.approx(std)}
             assert t.loss_mask.tolist() == [0] * t.prompt_len + [1] * (t.num_tokens - t.prompt_len)
         assert sorted(sum(t.reward for t in g) for g in groups.values()) == [1.0] * B  # the rescued episode kept
-        batch = prepare_rl(trajectories, current_version=step, cfg=LossConfig(advantage="dr_grpo"))
-        advantages = sorted(round(s.advantage, 6) for s in batch.samples)
-        # against the pool's mean 1/(2N), not the kept group's 1/N
-        assert advantages == sorted([round(-1 / (2 * N), 6)] * (N - 1) * B + [round(1 - 1 / (2 * N), 6)] * B)
+        # against the pool's mean 1/(2N) (and, for grpo, its spread), not the kept group's
+        for advantage, scale in (("dr_grpo", 1.0), ("grpo", std)):
+            cfg = LossConfig(advantage=advantage)
+            batch = prepare_rl(trajectories, current_version=step, cfg=cfg)
+            expected = [-mean / (scale + (cfg.adv_eps if advantage == "grpo" else 0))] * (N - 1) * B
+            expected += [(1 - mean) / (scale + (cfg.adv_eps if advantage == "grpo" else 0))] * B
+            assert sorted(s.advantage for s in batch.samples) == pytest.approx(sorted(expected), rel=1e-5)

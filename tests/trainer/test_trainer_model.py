@@ -75,7 +75,8 @@ def test_scored_positions_only_equal_the_all_positions_path(tiny_lm, layout: str
 
 def test_the_entropy_metric_equals_the_entropy_and_is_not_recomputed_in_the_backward_pass(tiny_lm, monkeypatch) -> None:
     """The metric (no gradient) is the entropy's value, from the log-probabilities' own logsumexp; a checkpointed
-    chunk's recomputation in the backward pass does not compute it again."""
+    chunk's recomputation in the backward pass does not compute it again (it ends at the last tensor saved for the
+    backward pass, before the metric: computing the metric earlier in ``_score`` would double its cost)."""
     from agentrl.trainer import model as model_mod
 
     calls = []
