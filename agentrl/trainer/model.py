@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from agentrl.errors import ConfigError, TrainerError
 from agentrl.trainer import prefix_attention
 from agentrl.trainer.config import LoraConfig, OptimizerConfig
-from agentrl.trainer.objectives import entropy_from_logits, entropy_given_lse
+from agentrl.trainer.objectives import entropy_from_logits, entropy_given_lse, token_logprobs_and_lse
 from agentrl.trainer.prefix_attention import PrefixAttention
 
 if TYPE_CHECKING:
@@ -147,8 +147,7 @@ class ScoredLM(nn.Module):
             logits = torch.tanh(logits / self._softcap) * self._softcap
         if temperature != 1.0:
             logits = logits / temperature  # the entropy below is the tempered distribution's too
-        lse = torch.logsumexp(logits, dim=-1)
-        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # objectives.token_logprobs, its lse kept
+        logp, lse = token_logprobs_and_lse(logits, targets)
         ent: Tensor | None = None
         if entropy == "grad":
             ent = entropy_from_logits(logits)

@@ -132,7 +132,13 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) ->
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return token_logprobs_and_lse(logits, targets)[0]
+
+
+def token_logprobs_and_lse(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """``log softmax(logits)[target]`` per row and the rows' logsumexp (for :func:`entropy_given_lse`)."""
+    lse = torch.logsumexp(logits, dim=-1)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - lse, lse
 
 
 def aggregation_weights(

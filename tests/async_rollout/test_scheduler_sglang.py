@@ -110,9 +110,7 @@ async def test_adaptive_sampling_with_sglang_redis_and_the_trainers_prepare(sgla
             assert t.loss_mask.tolist() == [0] * t.prompt_len + [1] * (t.num_tokens - t.prompt_len)
         assert sorted(sum(t.reward for t in g) for g in groups.values()) == [1.0] * B  # the rescued episode kept
         # against the pool's mean 1/(2N) (and, for grpo, its spread), not the kept group's
-        for advantage, scale in (("dr_grpo", 1.0), ("grpo", std)):
-            cfg = LossConfig(advantage=advantage)
-            batch = prepare_rl(trajectories, current_version=step, cfg=cfg)
-            expected = [-mean / (scale + (cfg.adv_eps if advantage == "grpo" else 0))] * (N - 1) * B
-            expected += [(1 - mean) / (scale + (cfg.adv_eps if advantage == "grpo" else 0))] * B
+        for advantage, scale in (("dr_grpo", 1.0), ("grpo", std + LossConfig().adv_eps)):
+            batch = prepare_rl(trajectories, current_version=step, cfg=LossConfig(advantage=advantage))
+            expected = [-mean / scale] * (N - 1) * B + [(1 - mean) / scale] * B
             assert sorted(s.advantage for s in batch.samples) == pytest.approx(sorted(expected), rel=1e-5)
