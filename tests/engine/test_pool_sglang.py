@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentrl.async_rollout import EpisodeBudget, EpisodeRunner, RolloutConfig, RolloutScheduler
@@ -85,9 +86,13 @@ def _servers_of(trajectory, clients: list[RecordingClient]) -> set[str]:
 @pytest.mark.slow
 async def test_killed_server_is_restarted_with_current_weights_and_the_rollout_goes_on(
         sglang_url, tiny_model_path, chat_tokenizer, tmp_path):
-    config = SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=8192, dtype="float32")
+    # SGLang's own layout (a detokenizer process; the session's server has agentrl's thread): both serve the rollout
+    config = SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=8192, dtype="float32",
+                                detokenizer="process")
     extra = SGLangServer(config, name="sglang-extra", log_path=tmp_path / "extra.log")
     await asyncio.to_thread(extra.start)
+    assert any("sglang::detokenizer" in " ".join(p.cmdline())
+               for p in psutil.Process(extra.pid).children(recursive=True))
     # SGLang's load-report file in /dev/shm, which its killed process group cannot unlink: stop() does
     first_files = set(extra._shm_files)
     assert first_files and all(Path(f).exists() for f in first_files), first_files

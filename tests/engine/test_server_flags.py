@@ -3,9 +3,12 @@ CPU-only machines; the command lines are what we can check), one port and GPU sl
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from agentrl.engine import SGLangServer, SGLangServerConfig, pool_configs
+from agentrl.engine.server import SGL_KERNEL_CPU_DIR, SGLANG_PLUGIN_DIR
 from agentrl.errors import EngineError
 
 
@@ -57,3 +60,19 @@ def test_cpu_server_dtype_auto_follows_the_cpu(monkeypatch: pytest.MonkeyPatch):
     assert flag(SGLangServer(SGLangServerConfig(model_path="/m")).command(), "--dtype") == "bfloat16"
     gpu = SGLangServer(SGLangServerConfig(model_path="/m", device="cuda")).command()
     assert flag(gpu, "--dtype") == "auto"
+
+
+def test_the_detokenizer_runs_in_the_launcher_on_cpu_and_in_its_own_process_on_gpu():
+    cpu = SGLangServer(SGLangServerConfig(model_path="/m")).environment()
+    assert cpu["AGENTRL_SGLANG_DETOKENIZER"] == "thread"
+    assert cpu["PYTHONPATH"].split(os.pathsep)[:2] == [str(SGL_KERNEL_CPU_DIR), str(SGLANG_PLUGIN_DIR)]
+    kept = SGLangServer(SGLangServerConfig(model_path="/m", detokenizer="process")).environment()
+    assert "AGENTRL_SGLANG_DETOKENIZER" not in kept and str(SGLANG_PLUGIN_DIR) not in kept["PYTHONPATH"]
+    gpu = SGLangServer(SGLangServerConfig(model_path="/m", device="cuda")).environment()
+    assert "AGENTRL_SGLANG_DETOKENIZER" not in gpu and str(SGLANG_PLUGIN_DIR) not in gpu.get("PYTHONPATH", "")
+    # on GPU by choice: the plugin's directory alone, never the CPU stand-in for sgl_kernel
+    gpu_thread = SGLangServer(SGLangServerConfig(model_path="/m", device="cuda", detokenizer="thread")).environment()
+    assert gpu_thread["PYTHONPATH"].split(os.pathsep)[0] == str(SGLANG_PLUGIN_DIR)
+    assert str(SGL_KERNEL_CPU_DIR) not in gpu_thread["PYTHONPATH"]
+    with pytest.raises(ValueError, match="detokenizer"):
+        SGLangServerConfig(model_path="/m", detokenizer="inline")
