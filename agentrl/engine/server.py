@@ -34,7 +34,7 @@ SGLANG_PLUGIN_DIR = Path(__file__).resolve().parent / "sglang_plugin"  # agentrl
 
 
 def build_cpu_kernels(env: Mapping[str, str] | None = None) -> tuple[Path | None, str | None]:
-    """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``) in this process, before a CPU server
+    """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``, in a child process), before a CPU server
     starts, with ``env``'s ``CXX``, ``PATH`` and ``AGENTRL_CACHE_DIR`` (default this process's): the build (~10 s,
     once per machine and torch version) then happens once, not in every server process, and a failure is logged
     here. ``(library, None)`` when built (or cached), else ``(None, why not)``; the servers then keep the PyTorch
@@ -50,17 +50,36 @@ def describe_cpu_kernel_build(env: Mapping[str, str] | None = None) -> str:
         "ready" if built is not None else f"not built, the servers decode in PyTorch: {why}")
 
 
+# The build and its cache key need torch (its version, headers and C++ ABI): a child process imports it, so that the
+# process starting servers does not hold torch's ~280 MB of anonymous memory for its whole life (the rollout actor
+# imports no torch otherwise). Loads _native.py by path: the child imports neither agentrl nor the stand-in.
+_BUILD_SCRIPT = """import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native", sys.argv[1])
+native = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(native)
+built, why = native.try_build(json.loads(sys.argv[2]))
+print(json.dumps([None if built is None else str(built), why]))
+"""
+_BUILD_CHILD_TIMEOUT_S = 300.0  # the build's own bound (180 s, _native.BUILD_TIMEOUT_S) and torch's import
+
+
 @functools.cache
 def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> tuple[Path | None, str | None]:
-    import importlib.util
+    import json
 
     env = {k: v for k, v in (("CXX", cxx), ("PATH", path), ("AGENTRL_CACHE_DIR", cache)) if v is not None}
-    spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native",
-                                                  SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py")
-    assert spec is not None and spec.loader is not None
-    native = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(native)  # torch and the standard library only
-    built, why = native.try_build(env)  # never raises
+    cmd = [sys.executable, "-c", _BUILD_SCRIPT, str(SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py"), json.dumps(env)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=_BUILD_CHILD_TIMEOUT_S,
+                              check=False)
+        last = done.stdout.strip().splitlines()[-1:]
+        if done.returncode != 0 or not last:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:]) or "(no output)"
+            raise ValueError(f"exited with {done.returncode}: {tail}")
+        found, why = json.loads(last[0])
+        built = Path(found) if found else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+        built, why = None, f"the build process failed: {e}"
     if built is None:
         logger.warning("SGLang CPU servers keep the PyTorch decode attention: the compiled kernel is unavailable (%s)",
                        why)

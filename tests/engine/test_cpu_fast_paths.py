@@ -490,3 +490,24 @@ async def test_sglang_logprobs_match_transformers(sglang_server: Any, sglang_url
         assert "compiled CPU decode attention loaded" in log
         assert "decode attention by the compiled kernel (first such call" in log
         assert "decode attention in PyTorch" not in log
+
+
+def test_the_process_starting_servers_does_not_import_torch_for_the_kernel(tmp_path: Path) -> None:
+    """The build (and its cache key, which needs torch) runs in a child: the rollout actor, which starts the servers
+    and imports no torch otherwise, would hold its ~280 MB for the whole run."""
+    code = ("import sys; from agentrl.engine.server import SGLangServer, SGLangServerConfig; "
+            "extra = SGLangServer(SGLangServerConfig(model_path='/m', device='cpu')).prepare(); "
+            "print(sorted(extra), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    expected = "['AGENTRL_CPU_KERNEL_LIB']" if _load_native().compiler() is not None else "['AGENTRL_CPU_KERNELS']"
+    assert out.stdout.strip().splitlines()[-1:] == [f"{expected} False"], out.stderr[-2000:]
+
+
+def test_a_build_process_that_dies_leaves_the_pytorch_path_and_says_why(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    from agentrl.engine import server
+
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path))  # a key of its own in the per-process cache
+    monkeypatch.setattr(server.sys, "executable", "/bin/false")
+    built, why = server.build_cpu_kernels()
+    assert built is None and why == "the build process failed: exited with 1: (no output)"
