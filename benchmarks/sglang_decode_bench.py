@@ -15,6 +15,9 @@ so it understates the work done; it says how far decode is from the core's matmu
 
 Last line: ``fast_vs_native=… tokens_per_s=… native_tokens_per_s=… decode_mfu=… native_decode_mfu=…`` (median of
 per-round ratios, median tokens/s).
+``--vs-env KEY=VALUE`` (repeatable) compares agentrl's server with those environment variables against agentrl's
+server as it is (e.g. an allocator setting's cost in speed): ``env_vs_default=…`` then.
+
 Usage: .venv/bin/python benchmarks/sglang_decode_bench.py [--model smollm2-135m-instruct] [--dtype bfloat16]
 """
 
@@ -109,10 +112,17 @@ async def main(args: argparse.Namespace) -> None:
     context = statistics.mean(len(p) + (args.max_new_tokens - 1) / 2 for p in prompts)  # a generated token's mean
     flops = decode_flops_per_token(model, context)
     rate_before = matmul_rate(args.dtype)
+    bad = [kv for kv in args.vs_env if "=" not in kv or kv.startswith("=")]
+    if bad:
+        raise SystemExit(f"--vs-env {bad[0]!r}: expected KEY=VALUE")
+    vs_env = dict(kv.split("=", 1) for kv in args.vs_env)
+    # the baseline: SGLang as shipped, or (--vs-env) agentrl's default server; the other: agentrl's (+ those variables)
+    sides = ({"native": {"AGENTRL_SGLANG_CPU_PATCHES": "0"}, "fast": {}} if not vs_env
+             else {"native": {}, "fast": vs_env})
     servers = {name: SGLangServer(SGLangServerConfig(
-        model_path=str(model), dtype=args.dtype, max_total_tokens=args.max_total_tokens,
-        env={"AGENTRL_SGLANG_CPU_PATCHES": flag}), log_path=Path(tempfile.gettempdir()) / f"sglang_decode_bench_{name}.log")
-        for name, flag in (("native", "0"), ("fast", "1"))}
+        model_path=str(model), dtype=args.dtype, max_total_tokens=args.max_total_tokens, env=side_env),
+        log_path=Path(tempfile.gettempdir()) / f"sglang_decode_bench_{name}.log")
+        for name, side_env in sides.items()}
     try:
         _, pinning = await start_pinned(*(s.start for s in servers.values()))  # on the first CPU; the client not
 
@@ -138,6 +148,11 @@ async def main(args: argparse.Namespace) -> None:
           + ("" if args.rounds >= MIN_ROUNDS else f"; only {args.rounds} rounds: a check, not a figure to quote"))
     print(f"{flops / 1e6:.1f} MFLOP per generated token (mean context {context:.0f}), matmul rate "
           f"{rate / 1e9:.1f} GFLOP/s on one thread in {args.dtype}")
+    if vs_env:  # the same two servers but for the variables: their ratio, not the fast paths'
+        print(last_line({**cmp.fields("env_vs_default"), "tokens_per_s": tps, "default_tokens_per_s": native_tps,
+                         "env": ",".join(args.vs_env), "model": args.model, "requests": args.requests,
+                         "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens}, env))
+        return
     print(last_line({**cmp.fields("fast_vs_native"), "tokens_per_s": tps, "native_tokens_per_s": native_tps,
                      "decode_mfu": flops * tps / rate, "native_decode_mfu": flops * native_tps / rate,
                      "matmul_gflops": rate / 1e9, "model": args.model,
@@ -149,4 +164,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_load_arguments(p)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--vs-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="compare agentrl's server with these environment variables (repeatable) against agentrl's "
+                        "server as it is, instead of against SGLang as shipped; last line: env_vs_default=...")
     asyncio.run(main(quick_load(p.parse_args())))

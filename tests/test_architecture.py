@@ -155,6 +155,8 @@ def test_the_rollout_process_imports_no_torch_training_code() -> None:
     training = [m for m in loaded if _under(m, "agentrl.trainer") and m not in ("agentrl.trainer", "agentrl.trainer.config")
                 or _under(m, "torch.distributed.fsdp") or _under(m, "torch.optim")]
     assert not training, f"the rollout process loads torch training code: {training}"
+    # nor torch at all: ~280 MB of anonymous memory for the whole run (the CPU kernel's build imports it in a child)
+    assert not [m for m in loaded if _under(m, "torch")], "the rollout process imports torch"
 
 
 def test_the_trainer_process_imports_no_sglang_and_no_rollout_code() -> None:

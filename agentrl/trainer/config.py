@@ -160,9 +160,10 @@ class TrainerSettings(_Strict):
     # bf16: bf16 compute, fp32 master weights and reductions; auto: bf16 only where this device multiplies bf16
     # fast (agentrl.hardware: AMX/AVX512-BF16 CPUs measured, Ampere+ GPUs), fp32 elsewhere
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
-    # recompute each decoder layer in the backward pass instead of keeping its activations; auto: on for each
+    # recompute each decoder layer in the backward pass instead of keeping its activations; auto: for each
     # micro-batch whose activations (bytes per token measured at start-up, agentrl.trainer.model.activation_bytes_per_token,
-    # x its tokens, padding included) would exceed activation_memory_gb, off for the others
+    # x its tokens, padding included) would exceed activation_memory_gb, on in as few layers as bring them under it
+    # (Trainer.layers_to_checkpoint), off for the others
     activation_checkpointing: bool | Literal["auto"] = "auto"
     activation_memory_gb: float = Field(default=2.0, gt=0)
     # scored positions per LM-head + log-softmax chunk (each chunk recomputed in the backward pass): at most

@@ -163,10 +163,11 @@ class Trainer:
 
     def _checkpointing_rule(self) -> bool | Callable[[PreTrainedModel], bool]:
         """``activation_checkpointing`` as given, or for ``auto`` a rule that measures the decoder's activation bytes
-        per token (x 1/2 in bf16) and installs checkpointing, which :meth:`_forward` then switches on for exactly the
-        micro-batches whose ``tokens x bytes per token`` exceed ``activation_memory_gb`` (padding counted: it is
-        computed too). A micro-batch under the budget pays no recomputation; one over it (a long unit or sequence
-        gets a micro-batch of its own, whatever ``micro_batch_tokens`` says) is bounded anyway."""
+        per token (x 1/2 in bf16) and installs checkpointing, which :meth:`_forward` then switches on, in as few
+        decoder layers as it takes, for the micro-batches whose ``tokens x bytes per token`` exceed
+        ``activation_memory_gb`` (padding counted: it is computed too). A micro-batch under the budget pays no
+        recomputation; one over it (a long unit or sequence gets a micro-batch of its own, whatever
+        ``micro_batch_tokens`` says) is bounded anyway."""
         setting = self.config.activation_checkpointing
         if setting != "auto":
             return bool(setting)
@@ -174,9 +175,9 @@ class Trainer:
 
         def rule(lm: PreTrainedModel) -> bool:
             self._act_bytes_per_token = activation_bytes_per_token(lm) * scale
-            logger.info("activation checkpointing auto: %.2f MB of activations per token, on for micro-batches over "
-                        "%d tokens (activation_memory_gb %.2f)", self._act_bytes_per_token / 1e6,
-                        self._act_token_limit(), self.config.activation_memory_gb)
+            logger.info("activation checkpointing auto: %.2f MB of activations per token; micro-batches over %d "
+                        "tokens recompute as many decoder layers as bring them under activation_memory_gb %.2f",
+                        self._act_bytes_per_token / 1e6, self._act_token_limit(), self.config.activation_memory_gb)
             return True
 
         return rule
@@ -185,13 +186,29 @@ class Trainer:
         assert self._act_bytes_per_token is not None
         return int(self.config.activation_memory_gb * 1e9 / max(self._act_bytes_per_token, 1.0))
 
+    def layers_to_checkpoint(self, tokens: int) -> int:
+        """``auto``: the fewest decoder layers whose recomputation brings a micro-batch of ``tokens`` under
+        ``activation_memory_gb``. Each layer holds an equal share of the activations (the layers are alike); a
+        checkpointed one keeps only its input (``hidden`` values a token, under 1 % of a layer's share here:
+        not counted). 0 for a micro-batch under the budget, all of them for one over it by a layer's whole share
+        or more each. Recomputation costs a forward of each such layer: a budget between none and all of a
+        micro-batch's activations pays for part of the layers, not all."""
+        if self._act_bytes_per_token is None:
+            return len(self._ckpt_layers)
+        layers = len(self._ckpt_layers)
+        need = tokens * self._act_bytes_per_token
+        excess = need - self.config.activation_memory_gb * 1e9
+        if excess <= 0 or layers == 0:
+            return 0
+        return min(layers, math.ceil(excess / (need / layers)))
+
     def _switch_checkpointing(self, tokens: int) -> None:
-        """``auto``: checkpoint this micro-batch's layers iff its activations would exceed the budget."""
+        """``auto``: checkpoint the first :meth:`layers_to_checkpoint` layers for this micro-batch, the rest not."""
         if self._act_bytes_per_token is None:
             return
-        on = tokens > self._act_token_limit()
-        for layer in self._ckpt_layers:
-            layer.gradient_checkpointing = on
+        n = self.layers_to_checkpoint(tokens)
+        for i, layer in enumerate(self._ckpt_layers):
+            layer.gradient_checkpointing = i < n
 
     @property
     def rank(self) -> int:

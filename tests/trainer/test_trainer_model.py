@@ -154,6 +154,38 @@ def test_activation_checkpointing_auto_recomputes_exactly_the_micro_batches_over
     assert small.loss == pytest.approx(big.loss, abs=1e-7) and small.grad_norm == pytest.approx(big.grad_norm, rel=1e-5)
 
 
+def test_activation_checkpointing_auto_recomputes_as_few_layers_as_the_budget_needs(tiny_config) -> None:
+    """A budget between half and all of each micro-batch's activations: the first of the tiny model's two decoder
+    layers is recomputed (it runs twice a micro-batch), the second is not; the step is the one without it."""
+    batch = random_batch(3)
+    with Trainer(tiny_config(activation_checkpointing="auto", micro_batch_tokens=40)) as probe:
+        plan = probe._plan(list(prepare_rl(batch, current_version=0, cfg=probe.config.loss).samples),
+                           "token_mean", None)
+        per_token = probe._act_bytes_per_token
+        assert per_token and len(probe._ckpt_layers) == 2
+        need = [mb.input_ids.numel() * per_token for mb in plan]
+        assert max(need) / 2 < min(need), need  # one budget can fall between half and all of each
+        budget_gb = (max(need) / 2 + min(need)) / 2 / 1e9
+        for tokens, expected in ((1, 0), (int(budget_gb * 1e9 / per_token), 0),
+                                 (int(budget_gb * 1e9 / per_token * 1.9), 1), (10**9, 2)):
+            probe.config = probe.config.model_copy(update={"activation_memory_gb": budget_gb})
+            assert probe.layers_to_checkpoint(tokens) == expected, (tokens, expected)
+    results = {}
+    for budget in (budget_gb, 100.0):
+        with Trainer(tiny_config(lr=1e-2, activation_checkpointing="auto", activation_memory_gb=budget,
+                                 micro_batch_tokens=40)) as tr:
+            calls: list[list[int]] = [[], []]
+            hooks = [layer.register_forward_pre_hook(lambda *_, c=c: c.append(1))
+                     for layer, c in zip(tr._ckpt_layers, calls)]
+            m = tr.rl_step(batch, current_version=0)
+            for h in hooks:
+                h.remove()
+            results[budget] = (m, [len(c) for c in calls])
+    (part, part_calls), (none, none_calls) = results[budget_gb], results[100.0]
+    assert part_calls == [2 * len(plan), len(plan)] and none_calls == [len(plan), len(plan)]
+    assert part.loss == pytest.approx(none.loss, abs=1e-7) and part.grad_norm == pytest.approx(none.grad_norm, rel=1e-5)
+
+
 def test_activation_checkpointing_off_and_on_are_left_as_given(tiny_config) -> None:
     for setting in (False, True):
         with Trainer(tiny_config(activation_checkpointing=setting)) as tr:
