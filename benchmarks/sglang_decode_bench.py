@@ -144,7 +144,7 @@ async def main(args: argparse.Namespace) -> None:
     lo, hi = cmp.range
     print(f"{args.requests} requests of ~{args.prompt_tokens} prompt tokens, {args.max_new_tokens} new tokens each, "
           f"concurrency {args.concurrency}, model {args.model} ({args.dtype}), servers on 1 core (pinned {pinning}); "
-          f"fast / native per round: median {cmp.median:.3f}, range {lo:.3f}-{hi:.3f}"
+          f"{'with env / default' if vs_env else 'fast / native'} per round: median {cmp.median:.3f}, range {lo:.3f}-{hi:.3f}"
           + ("" if args.rounds >= MIN_ROUNDS else f"; only {args.rounds} rounds: a check, not a figure to quote"))
     print(f"{flops / 1e6:.1f} MFLOP per generated token (mean context {context:.0f}), matmul rate "
           f"{rate / 1e9:.1f} GFLOP/s on one thread in {args.dtype}")
