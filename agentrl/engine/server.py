@@ -9,7 +9,6 @@ are left out and ``extra_args`` pass anything else through.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -37,7 +36,7 @@ def build_cpu_kernels(env: Mapping[str, str] | None = None) -> tuple[Path | None
     """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``, in a child process), before a CPU server
     starts, with ``env``'s ``CXX``, ``PATH`` and ``AGENTRL_CACHE_DIR`` (default this process's): the build (~10 s,
     once per machine and torch version) then happens once, not in every server process, and a failure is logged
-    here. ``(library, None)`` when built (or cached), else ``(None, why not)``; the servers then keep the PyTorch
+    here (and tried again at the next server start). ``(library, None)`` when built (or cached), else ``(None, why not)``; the servers then keep the PyTorch
     paths. Never raises."""
     env = os.environ if env is None else env
     return _build_cpu_kernels(env.get("CXX"), env.get("PATH"), env.get("AGENTRL_CACHE_DIR"))
@@ -63,9 +62,14 @@ print(json.dumps([None if built is None else str(built), why]))
 _BUILD_CHILD_TIMEOUT_S = 300.0  # the build's own bound (180 s, _native.BUILD_TIMEOUT_S) and torch's import
 
 
-@functools.cache
+_BUILT: dict[tuple[str | None, str | None, str | None], Path] = {}  # successes only: a failure is tried again
+
+
 def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> tuple[Path | None, str | None]:
     import json
+
+    if (cxx, path, cache) in _BUILT:
+        return _BUILT[cxx, path, cache], None
 
     env = {k: v for k, v in (("CXX", cxx), ("PATH", path), ("AGENTRL_CACHE_DIR", cache)) if v is not None}
     cmd = [sys.executable, "-c", _BUILD_SCRIPT, str(SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py"), json.dumps(env)]
@@ -78,13 +82,16 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
             raise ValueError(f"exited with {done.returncode}: {tail}")
         found, why = json.loads(last[0])
         built = Path(found) if found else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+    except subprocess.TimeoutExpired:
+        built, why = None, f"the build process took over {_BUILD_CHILD_TIMEOUT_S:.0f} s"
+    except (OSError, ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
         built, why = None, f"the build process failed: {e}"
     if built is None:
         logger.warning("SGLang CPU servers keep the PyTorch decode attention: the compiled kernel is unavailable (%s)",
                        why)
         return None, why
     logger.info("compiled CPU decode attention for SGLang: %s", built)
+    _BUILT[cxx, path, cache] = built
     return built, None
 
 
@@ -108,7 +115,7 @@ class SGLangServerConfig(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     log_level: str = "warning"
-    # where the server's detokenizer runs: thread (in its launcher process, agentrl's SGLang plugin: ~650 MB less
+    # where the server's detokenizer runs: thread (in its launcher process, agentrl's SGLang plugin: ~650 MiB less
     # anonymous memory, its work then shares the launcher's GIL), process (SGLang's default), auto: thread on CPU,
     # process on GPU (a server streaming thousands of requests keeps it parallel)
     detokenizer: Literal["auto", "process", "thread"] = "auto"
@@ -215,6 +222,9 @@ class SGLangServer:
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, env.get("PYTHONPATH")) if p)
         env.update(self.config.env)
+        allowed = env.get("SGLANG_PLUGINS")  # SGLang loads only the plugins it names, when it is set
+        if self.detokenizer == "thread" and allowed and "agentrl" not in {x.strip() for x in allowed.split(",")}:
+            env["SGLANG_PLUGINS"] = f"{allowed},agentrl"
         return env
 
     def prepare(self) -> dict[str, str]:

@@ -200,7 +200,7 @@ class Trainer:
         excess = need - self.config.activation_memory_gb * 1e9
         if excess <= 0 or layers == 0:
             return 0
-        return min(layers, math.ceil(excess / (need / layers)))
+        return min(layers, math.ceil(layers * excess / need - 1e-9))  # (the epsilon: 15.000000000000002 is 15)
 
     def _switch_checkpointing(self, tokens: int) -> None:
         """``auto``: checkpoint the first :meth:`layers_to_checkpoint` layers for this micro-batch, the rest not."""

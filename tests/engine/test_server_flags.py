@@ -76,3 +76,11 @@ def test_the_detokenizer_runs_in_the_launcher_on_cpu_and_in_its_own_process_on_g
     assert str(SGL_KERNEL_CPU_DIR) not in gpu_thread["PYTHONPATH"]
     with pytest.raises(ValueError, match="detokenizer"):
         SGLangServerConfig(model_path="/m", detokenizer="inline")
+
+
+def test_a_plugin_allow_list_gets_agentrls_plugin_added():
+    """SGLang loads only the plugins ``SGLANG_PLUGINS`` names when it is set: agentrl's is added, never twice."""
+    env = SGLangServer(SGLangServerConfig(model_path="/m", env={"SGLANG_PLUGINS": "theirs"})).environment()
+    assert env["SGLANG_PLUGINS"] == "theirs,agentrl"
+    env = SGLangServer(SGLangServerConfig(model_path="/m", env={"SGLANG_PLUGINS": "agentrl, theirs"})).environment()
+    assert env["SGLANG_PLUGINS"] == "agentrl, theirs"

@@ -63,7 +63,7 @@ class _Serving:
     tokenizer_worker_num = 1
 
 
-def _stand_ins(monkeypatch, loop: Any, serving: Any = None) -> types.SimpleNamespace:
+def _stand_ins(monkeypatch, loop: Any, serving: Any = None, metrics: bool | None = False) -> types.SimpleNamespace:
     """SGLang's detokenizer module and runtime context, replaced in sys.modules for the plugin's imports."""
     made: list[Any] = []
 
@@ -82,6 +82,8 @@ def _stand_ins(monkeypatch, loop: Any, serving: Any = None) -> types.SimpleNames
     detok.run_detokenizer_process = run_detokenizer_process  # type: ignore[attr-defined]
     ctx = types.ModuleType("sglang.srt.runtime_context")
     ctx.get_serving = lambda: serving or _Serving()  # type: ignore[attr-defined]
+    if metrics is not None:  # None: an SGLang without this name
+        ctx.get_observability = lambda: types.SimpleNamespace(enable_metrics=metrics)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sglang.srt.managers.detokenizer_manager", detok)
     monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", ctx)
     return types.SimpleNamespace(made=made, run=run_detokenizer_process)
@@ -89,9 +91,8 @@ def _stand_ins(monkeypatch, loop: Any, serving: Any = None) -> types.SimpleNames
 
 def test_a_crash_in_the_detokenizer_thread_stops_the_server_as_a_crashed_process_does(monkeypatch):
     plugin = _plugin()
-    signals: list[tuple[int, int]] = []
     crashed = threading.Event()
-    monkeypatch.setattr(plugin.os, "kill", lambda pid, sig: (signals.append((pid, sig)), crashed.set()))
+    monkeypatch.setattr(plugin, "stop_server", crashed.set)
 
     def loop() -> None:
         raise RuntimeError("a malformed batch")
@@ -101,27 +102,37 @@ def test_a_crash_in_the_detokenizer_thread_stops_the_server_as_a_crashed_process
     def original(*_: Any, **__: Any) -> Any:
         raise AssertionError("the default layout must not start a process")
 
-    assert plugin.detokenizer_in_thread(original, object, "server", "ports", sglang.run) == ([], [])
+    assert plugin.detokenizer_in_thread(original, object, server_args="server", port_args="ports",  # as SGLang calls
+                                        run_detokenizer_process_func=sglang.run) == ([], [])
     assert sglang.made == [("server", "ports")]
     assert crashed.wait(10)
+
+
+def test_stopping_the_server_is_sigquit_to_the_launcher(monkeypatch):
+    plugin = _plugin()
+    signals: list[tuple[int, int]] = []
+    monkeypatch.setattr(plugin.os, "kill", lambda pid, sig: signals.append((pid, sig)))
+    plugin.stop_server()
     assert signals == [(plugin.os.getpid(), signal.SIGQUIT)]
 
 
-@pytest.mark.parametrize("layout", ["detokenizers", "tokenizers", "custom"])
+@pytest.mark.parametrize("layout", ["detokenizers", "tokenizers", "custom", "metrics", "another sglang"])
 def test_layouts_other_than_sglangs_default_keep_sglangs_own_launch(monkeypatch, layout):
     plugin = _plugin()
     serving = types.SimpleNamespace(detokenizer_worker_num=2 if layout == "detokenizers" else 1,
                                     tokenizer_worker_num=4 if layout == "tokenizers" else 1)
-    sglang = _stand_ins(monkeypatch, lambda: None, serving)
+    metrics = {"metrics": True, "another sglang": None}.get(layout, False)
+    sglang = _stand_ins(monkeypatch, lambda: None, serving, metrics)
     calls: list[Any] = []
 
-    def original(cls: Any, **kwargs: Any) -> Any:
-        calls.append((cls, kwargs))
+    def original(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((cls, args, kwargs))
         return ["a process"], ["detokenizer"]
 
     func = (lambda *_: None) if layout == "custom" else sglang.run
-    assert plugin.detokenizer_in_thread(original, object, "server", "ports", func) == (["a process"], ["detokenizer"])
-    assert calls == [(object, {"server_args": "server", "port_args": "ports", "run_detokenizer_process_func": func})]
+    got = plugin.detokenizer_in_thread(original, object, "server", port_args="ports", run_detokenizer_process_func=func)
+    assert got == (["a process"], ["detokenizer"])
+    assert calls == [(object, ("server",), {"port_args": "ports", "run_detokenizer_process_func": func})]
     assert sglang.made == []
 
 

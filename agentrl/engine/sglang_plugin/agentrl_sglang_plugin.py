@@ -4,13 +4,13 @@ SGLang's plugin loader (``sglang.srt.plugins.load_plugins``, entry point group `
 
 ``AGENTRL_SGLANG_DETOKENIZER=thread``: the server's detokenizer runs as a thread of its launcher process (the one that
 also holds the HTTP server and the tokenizer manager) instead of a process of its own. A process of SGLang's imports
-(torch, transformers, sglang) holds ~650 MB of anonymous memory before it does any work; the detokenizer's own state
+(torch, transformers, sglang) holds ~650 MiB of anonymous memory before it does any work; the detokenizer's own state
 is a tokenizer and a table of decode offsets. The thread sends and receives on the same ZMQ sockets the process would,
 and a crash in it sends SIGQUIT to the launcher, as a crashed detokenizer process does (SGLang's launcher then stops
 the server). Its work (incremental detokenization) then shares the launcher's GIL with the tokenizer manager:
 nothing on a CPU server whose processes share one core, a cap on a GPU server streaming thousands of requests (keep
-the process there). Only the single-detokenizer, single-tokenizer layout (SGLang's default) is moved; any other is
-left as it is.
+the process there). Only the single-detokenizer, single-tokenizer layout (SGLang's default) without metrics is moved;
+any other is left as it is.
 
 Written against SGLang 0.5.23's ``Engine._launch_detokenizer_subprocesses``; if that is not found the plugin logs why
 and SGLang starts its process as before.
@@ -41,18 +41,25 @@ def register() -> None:
     HookRegistry.register(TARGET, detokenizer_in_thread, HookType.AROUND)
 
 
-def detokenizer_in_thread(original: Any, cls: Any, server_args: Any, port_args: Any,
-                          run_detokenizer_process_func: Any) -> tuple[list[Any], list[str]]:
-    """Around ``Engine._launch_detokenizer_subprocesses``: start the detokenizer as a daemon thread of this process
-    and return no process to watch; SGLang's own launch for any layout but the default."""
-    from sglang.srt.managers.detokenizer_manager import DetokenizerManager, run_detokenizer_process
-    from sglang.srt.runtime_context import get_serving
+def detokenizer_in_thread(original: Any, cls: Any, *args: Any, **kwargs: Any) -> tuple[list[Any], list[str]]:
+    """Around ``Engine._launch_detokenizer_subprocesses(server_args, port_args, run_detokenizer_process_func)``: start
+    the detokenizer as a daemon thread of this process and return no process to watch. SGLang's own launch for any
+    layout but the default, with metrics on (the detokenizer's CPU counter would be registered twice in one
+    process), or for an SGLang whose names differ from 0.5.23's."""
+    try:
+        from sglang.srt.managers.detokenizer_manager import DetokenizerManager, run_detokenizer_process
+        from sglang.srt.runtime_context import get_observability, get_serving
 
-    serving = get_serving()
-    if (serving.detokenizer_worker_num > 1 or serving.tokenizer_worker_num != 1
-            or run_detokenizer_process_func is not run_detokenizer_process):
-        return original(cls, server_args=server_args, port_args=port_args,  # type: ignore[no-any-return]
-                        run_detokenizer_process_func=run_detokenizer_process_func)
+        bound = dict(zip(("server_args", "port_args", "run_detokenizer_process_func"), args), **kwargs)
+        server_args, port_args = bound["server_args"], bound["port_args"]
+        serving, metrics = get_serving(), get_observability().enable_metrics
+        default = (serving.detokenizer_worker_num <= 1 and serving.tokenizer_worker_num == 1 and not metrics
+                   and bound["run_detokenizer_process_func"] is run_detokenizer_process)
+    except (ImportError, AttributeError, KeyError) as e:
+        logger.warning("agentrl: SGLang's detokenizer keeps its process (this SGLang differs from 0.5.23: %s)", e)
+        default = False
+    if not default:
+        return original(cls, *args, **kwargs)  # type: ignore[no-any-return]
     manager = DetokenizerManager(server_args, port_args)  # binds its sockets here: an error stops the launch
 
     def serve() -> None:
@@ -60,9 +67,14 @@ def detokenizer_in_thread(original: Any, cls: Any, server_args: Any, port_args: 
             manager.event_loop()
         except BaseException:  # noqa: BLE001  # as SGLang's detokenizer process: log, then stop the server
             logger.error("DetokenizerManager hit an exception: %s", traceback.format_exc())
-            os.kill(os.getpid(), signal.SIGQUIT)
+            stop_server()
 
     threading.Thread(target=serve, name="sglang-detokenizer", daemon=True).start()
     print("agentrl: SGLang's detokenizer runs as a thread of the launcher process "
           f"({DETOKENIZER_ENV}=thread)", flush=True)
     return [], []
+
+
+def stop_server() -> None:
+    """What a crashed detokenizer process does: SIGQUIT to the launcher, whose handler stops the whole server."""
+    os.kill(os.getpid(), signal.SIGQUIT)
