@@ -1,4 +1,6 @@
-"""Memory of one SGLang CPU server, per process: launcher (HTTP + tokenizer manager), scheduler, detokenizer.
+"""Memory of one SGLang CPU server, per process: launcher (HTTP + tokenizer manager; + the detokenizer thread by
+default on CPU, ``engine.detokenizer``), scheduler, detokenizer (its own process in SGLang's layout only:
+``--env AGENTRL_SGLANG_DETOKENIZER=process``).
 
 Starts a real server the way agentrl does (:class:`agentrl.engine.SGLangServer`, the demo's settings unless told
 otherwise), then three phases, each ended by a reading of every process of the server's process group:

@@ -115,7 +115,7 @@ OTHER = {"update_mode": "drain", "pause_mode": "abort", "max_dropped_per_queued"
          "stop_token_ids": [5], "regex": "[0-9]+", "ebnf": 'root ::= "a"', "backend": "docker",
          "url": "http://127.0.0.1:9", "options": {"pool_size": 2}, "host": "127.0.0.2", "device": "cuda",
          "dtype": "float32", "context_length": 512, "base_gpu_id": 1, "mem_fraction_static": 0.5,
-         "python": "/usr/bin/python3", "extra_args": ["--x"], "env": {"A": "1"}, "log_level": "info",
+         "python": "/usr/bin/python3", "extra_args": ["--x"], "env": {"A": "1"}, "log_level": "info", "detokenizer": "process",
          "urls_file": "/srv/sandbox_servers.txt", "mmap_threshold_kb": 1024, "attention_fp32_max_keys": 256,
          "fleet": {"health_interval_s": 1.0, "health_timeout_s": 2.0, "failures_to_down": 3}}
 
