@@ -195,6 +195,14 @@ def fmt(value: Any) -> str:
     return "_".join(str(value).split()) or "-"
 
 
+def key_values(pairs: list[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` command-line pairs (a repeatable ``flag``) as a mapping; anything else stops the script."""
+    bad = [kv for kv in pairs if "=" not in kv or kv.startswith("=")]
+    if bad:
+        raise SystemExit(f"{flag} {bad[0]!r}: expected KEY=VALUE")
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
 def last_line(figures: Mapping[str, Any], env: Mapping[str, Any]) -> str:
     """``name=value`` pairs: the benchmark's figures, then the environment footer and ``load1_end`` (now)."""
     return " ".join(f"{k}={fmt(v)}" for k, v in {**figures, **env, "load1_end": os.getloadavg()[0]}.items())

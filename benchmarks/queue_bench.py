@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio
-from _common import MIN_ROUNDS, Comparison, environment, last_line  # this folder's
+from _common import MIN_ROUNDS, Comparison, environment, key_values, last_line  # this folder's
 
 from agentrl.queue import EmbeddedRedis, TrajectoryQueue, codec, make_client
 from agentrl.queue._connection import Pieces
@@ -380,7 +380,7 @@ def main() -> None:
         return
     with (tempfile.TemporaryDirectory(prefix="agentrl-qbench-") as tmp,
           EmbeddedRedis(Path(tmp), binary=args.redis_server,
-                        config={**BENCH_REDIS_CONFIG, **dict(kv.split("=", 1) for kv in args.redis_config)}) as server):
+                        config={**BENCH_REDIS_CONFIG, **key_values(args.redis_config, "--redis-config")}) as server):
         asyncio.run(bench(server.url, server.pid, args.n, args.batch, args.rounds, args.processes, not args.no_pin))
 
 

@@ -36,6 +36,7 @@ from _common import (  # this folder's
     ainterleaved,
     decoder_matmul_params,
     environment,
+    key_values,
     last_line,
     start_pinned,
 )
@@ -112,10 +113,7 @@ async def main(args: argparse.Namespace) -> None:
     context = statistics.mean(len(p) + (args.max_new_tokens - 1) / 2 for p in prompts)  # a generated token's mean
     flops = decode_flops_per_token(model, context)
     rate_before = matmul_rate(args.dtype)
-    bad = [kv for kv in args.vs_env if "=" not in kv or kv.startswith("=")]
-    if bad:
-        raise SystemExit(f"--vs-env {bad[0]!r}: expected KEY=VALUE")
-    vs_env = dict(kv.split("=", 1) for kv in args.vs_env)
+    vs_env = key_values(args.vs_env, "--vs-env")
     # the baseline: SGLang as shipped, or (--vs-env) agentrl's default server; the other: agentrl's (+ those variables)
     sides = ({"native": {"AGENTRL_SGLANG_CPU_PATCHES": "0"}, "fast": {}} if not vs_env
              else {"native": {}, "fast": vs_env})
@@ -148,16 +146,15 @@ async def main(args: argparse.Namespace) -> None:
           + ("" if args.rounds >= MIN_ROUNDS else f"; only {args.rounds} rounds: a check, not a figure to quote"))
     print(f"{flops / 1e6:.1f} MFLOP per generated token (mean context {context:.0f}), matmul rate "
           f"{rate / 1e9:.1f} GFLOP/s on one thread in {args.dtype}")
+    load = {"model": args.model, "requests": args.requests, "concurrency": args.concurrency,
+            "max_new_tokens": args.max_new_tokens}
     if vs_env:  # the same two servers but for the variables: their ratio, not the fast paths'
         print(last_line({**cmp.fields("env_vs_default"), "tokens_per_s": tps, "default_tokens_per_s": native_tps,
-                         "env": ",".join(args.vs_env), "model": args.model, "requests": args.requests,
-                         "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens}, env))
+                         "env": ",".join(args.vs_env), **load}, env))
         return
     print(last_line({**cmp.fields("fast_vs_native"), "tokens_per_s": tps, "native_tokens_per_s": native_tps,
                      "decode_mfu": flops * tps / rate, "native_decode_mfu": flops * native_tps / rate,
-                     "matmul_gflops": rate / 1e9, "model": args.model,
-                     "requests": args.requests, "concurrency": args.concurrency,
-                     "max_new_tokens": args.max_new_tokens}, env))
+                     "matmul_gflops": rate / 1e9, **load}, env))
 
 
 if __name__ == "__main__":

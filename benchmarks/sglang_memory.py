@@ -30,7 +30,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from _common import environment, last_line  # this folder's
+from _common import environment, key_values, last_line  # this folder's
 
 from agentrl.engine import SamplingParams, SGLangClient, SGLangServer, SGLangServerConfig, Timeouts
 from agentrl.models import resolve_model
@@ -131,7 +131,7 @@ def show(phase: str, figures: dict[str, dict[str, int]]) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     model = resolve_model(args.model)
-    env = dict(kv.split("=", 1) for kv in args.env)
+    env = key_values(args.env, "--env")
     config = SGLangServerConfig(model_path=str(model), dtype=args.dtype, max_total_tokens=args.max_total_tokens,
                                 context_length=args.context_length, extra_args=list(args.arg), env=env)
     footer = environment(dtype=args.dtype, packages=("sglang", "torch"))

@@ -36,8 +36,8 @@ def build_cpu_kernels(env: Mapping[str, str] | None = None) -> tuple[Path | None
     """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``, in a child process), before a CPU server
     starts, with ``env``'s ``CXX``, ``PATH`` and ``AGENTRL_CACHE_DIR`` (default this process's): the build (~10 s,
     once per machine and torch version) then happens once, not in every server process, and a failure is logged
-    here (and tried again at the next server start). ``(library, None)`` when built (or cached), else ``(None, why not)``; the servers then keep the PyTorch
-    paths. Never raises."""
+    here (and tried again at the next server start). ``(library, None)`` when built (or cached), else
+    ``(None, why not)``; the servers then keep the PyTorch paths. Never raises."""
     env = os.environ if env is None else env
     return _build_cpu_kernels(env.get("CXX"), env.get("PATH"), env.get("AGENTRL_CACHE_DIR"))
 
@@ -60,8 +60,6 @@ built, why = native.try_build(json.loads(sys.argv[2]))
 print(json.dumps([None if built is None else str(built), why]))
 """
 _BUILD_CHILD_TIMEOUT_S = 300.0  # the build's own bound (180 s, _native.BUILD_TIMEOUT_S) and torch's import
-
-
 _BUILT: dict[tuple[str | None, str | None, str | None], Path] = {}  # successes only: a failure is tried again
 
 
@@ -212,18 +210,19 @@ class SGLangServer:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("AGENTRL_CPU_KERNEL_LIB", None)  # only :meth:`prepare` names it: the library it built for this server
+        thread = self.detokenizer == "thread"
         paths = []
         if self.config.device == "cpu":
             env["SGLANG_USE_CPU_ENGINE"] = "1"
             paths.append(str(SGL_KERNEL_CPU_DIR))
-        if self.detokenizer == "thread":
+        if thread:
             env["AGENTRL_SGLANG_DETOKENIZER"] = "thread"
             paths.append(str(SGLANG_PLUGIN_DIR))
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, env.get("PYTHONPATH")) if p)
         env.update(self.config.env)
         allowed = env.get("SGLANG_PLUGINS")  # SGLang loads only the plugins it names, when it is set
-        if self.detokenizer == "thread" and allowed and "agentrl" not in {x.strip() for x in allowed.split(",")}:
+        if thread and allowed and "agentrl" not in {x.strip() for x in allowed.split(",")}:
             env["SGLANG_PLUGINS"] = f"{allowed},agentrl"
         return env
 
