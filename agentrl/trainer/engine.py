@@ -115,6 +115,7 @@ class Trainer:
                 activation_checkpointing=self._checkpointing_rule(),
                 logits_chunk_tokens=config.logits_chunk_tokens,
                 lora=config.lora,
+                lean_activations=config.lean_activations,
             )
             # kl_coef 0: no reference pass; LoRA with the model itself as reference: the policy, adapters off
             ref_path = Path(config.ref_model or config.model)

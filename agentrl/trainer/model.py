@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.errors import ConfigError, TrainerError
+from agentrl.trainer import lean_activations as lean_activations_
 from agentrl.trainer import prefix_attention
 from agentrl.trainer.config import LoraConfig, OptimizerConfig
 from agentrl.trainer.objectives import entropy_from_logits, entropy_given_lse, token_logprobs_and_lse
@@ -206,12 +207,17 @@ def build_policy(
     activation_checkpointing: bool | Callable[[PreTrainedModel], bool] = False,
     logits_chunk_tokens: int | None = None,
     lora: LoraConfig | None = None,
+    lean_activations: bool = False,
 ) -> tuple[ScoredLM, bool]:
     """Load an HF causal LM in fp32 (its frozen weights in bf16 when computing in bf16: a reference model, a LoRA
     base), add LoRA adapters if ``lora``
     (only they train then), shard each decoder layer then the root with FSDP2; return it and whether activation checkpointing is on (``activation_checkpointing`` may
-    be a rule deciding it from the loaded model, adapters included)."""
+    be a rule deciding it from the loaded model, adapters included). ``lean_activations``: the MLPs and RMSNorms of a
+    trainable model keep fewer tensors for the backward pass (:mod:`agentrl.trainer.lean_activations`)."""
     lm = load_lm(path)
+    if lean_activations and trainable:
+        patched = lean_activations_.apply(lm)
+        logger.info("lean activations: %d MLPs, %d RMSNorms", patched["mlp"], patched["norm"])
     layer_names = set(getattr(lm, "_no_split_modules", None) or ())
     layers = [m for m in lm.modules() if type(m).__name__ in layer_names]
     if not layers:
