@@ -35,6 +35,10 @@ of the decoder; the reference is then the policy with its adapters off, no secon
 passes, not 3, for a step's forward and backward (the frozen base gets no weight gradients: forward + input
 gradients; the adapters' own FLOPs are left out).
 
+``--no-lean`` gives the trainer the model's own MLPs and RMSNorms (``trainer.lean_activations: false``): compare its
+``trainer_peak_rss_gb`` and ``trainer_cpu_s`` with the same command without it (the minimal loop has the model's own
+in both).
+
 ``--dtype bf16`` runs both sides in mixed precision (the trainer's ``dtype: bf16``; the minimal loop with FSDP2's
 ``MixedPrecisionPolicy``: fp32 master weights, bf16 compute, fp32 gradient reduction) and measures the matmul rate in
 bf16; ``--dtype auto`` takes what the trainer's ``auto`` takes on this CPU (bf16 where it multiplies faster:
@@ -270,6 +274,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a check that the script runs: the tiny model, 4 trajectories, 2 rounds (not a figure)")
     ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--no-lean", action="store_true")  # trainer.lean_activations false: the model's own MLP and norms
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--dtype", choices=["fp32", "bf16", "auto"], default="fp32")
     args = ap.parse_args()
@@ -286,7 +291,8 @@ def main() -> None:
     tokens = sum(t.num_tokens for t in batch)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     lr = 1e-6
-    extra: dict[str, Any] = {"activation_checkpointing": args.activation_checkpointing}
+    extra: dict[str, Any] = {"activation_checkpointing": args.activation_checkpointing,
+                             "lean_activations": not args.no_lean}
     if args.logits_chunk_tokens is not None:
         extra["logits_chunk_tokens"] = args.logits_chunk_tokens
     if args.lora:
@@ -368,7 +374,8 @@ def main() -> None:
     figures.update({"trainer_tokens_per_s": tokens / wall["trainer"], "trainer_step_s": wall["trainer"],
                     "trainer_peak_rss_gb": peak, "trainer_mfu": mfu,
                     "trainer_cpu_s": cpu["trainer"], "lora": int(args.lora), "model": args.model, "tokens": tokens,
-                    "layout": args.layout, "kl_coef": args.kl_coef, "threads": args.threads})
+                    "layout": args.layout, "kl_coef": args.kl_coef, "threads": args.threads,
+                    "lean_activations": int(not args.no_lean)})
     print(last_line(figures, env))
 
 

@@ -74,6 +74,9 @@ def test_the_detokenizer_runs_in_the_launcher_on_cpu_and_in_its_own_process_on_g
     gpu_thread = SGLangServer(SGLangServerConfig(model_path="/m", device="cuda", detokenizer="thread")).environment()
     assert gpu_thread["PYTHONPATH"].split(os.pathsep)[0] == str(SGLANG_PLUGIN_DIR)
     assert str(SGL_KERNEL_CPU_DIR) not in gpu_thread["PYTHONPATH"]
+    # the variable set in engine.env (which the plugin reads) is what the server reports and gets its paths for
+    by_env = SGLangServer(SGLangServerConfig(model_path="/m", env={"AGENTRL_SGLANG_DETOKENIZER": "process"}))
+    assert by_env.detokenizer == "process" and str(SGLANG_PLUGIN_DIR) not in by_env.environment()["PYTHONPATH"]
     with pytest.raises(ValueError, match="detokenizer"):
         SGLangServerConfig(model_path="/m", detokenizer="inline")
 
