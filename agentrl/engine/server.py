@@ -175,8 +175,8 @@ class SGLangServer:
         """Where this server's detokenizer runs (``SGLangServerConfig.detokenizer`` with auto resolved; an
         ``AGENTRL_SGLANG_DETOKENIZER`` of ``engine.env``, which the plugin reads, wins over the key)."""
         set_in_env = self.config.env.get("AGENTRL_SGLANG_DETOKENIZER")
-        if set_in_env in ("process", "thread"):
-            return set_in_env  # type: ignore[return-value]
+        if set_in_env is not None:  # the plugin runs the thread for "thread" only
+            return "thread" if set_in_env == "thread" else "process"
         d = self.config.detokenizer
         if d == "auto":
             return "thread" if self.config.device == "cpu" else "process"

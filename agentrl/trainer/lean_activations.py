@@ -22,9 +22,9 @@ which does not run on a CPU; PyTorch's own ``torch.utils.checkpoint`` around the
 the down projection's matmul too (a third of the MLP's FLOPs) and keeps its inputs outside autograd's saved-tensor
 hooks, where the activation probe cannot count them.
 
-Exactness: the forward pass runs the very ops of the module it replaces (checked against the module's own forward
-on a random input before a module class is patched; a class whose forward differs, such as Gemma's ``1 + weight``
-norm, keeps its own). The recomputed parts' gradients come from autograd over the same ops, so they are the same
+Exactness: the forward pass runs the very ops of the module it replaces (each module is checked against its own
+forward on a random input, in eval and training mode, before it is patched; one that computes otherwise, such as
+Gemma's ``1 + weight`` norm, an MLP with a dropout or an activation with parameters, keeps its own). The recomputed parts' gradients come from autograd over the same ops, so they are the same
 bits; the down projection's two matmuls are written out (``grad_h = grad_y W``, ``grad_W = grad_y^T h``) and equal
 autograd's to float rounding (tests/trainer/test_lean_activations.py). Passes without gradients (reference,
 scoring) run the module's plain code.
@@ -32,6 +32,7 @@ scoring) run the module's plain code.
 
 from __future__ import annotations
 
+import copy
 import logging
 import types
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class _Recompute(torch.autograd.Function):
         return fn(*args)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         wants = ctx.needs_input_grad[1:]
         args = [None if a is None else a.detach().requires_grad_(w) for a, w in zip(ctx.saved_tensors, wants)]
@@ -78,6 +81,7 @@ class _ActMulLinear(torch.autograd.Function):
         return F.linear(act(g) * u, weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
         g, u, weight = ctx.saved_tensors
         need_g, need_u, need_w, need_b = ctx.needs_input_grad[:4]
@@ -106,8 +110,13 @@ def _mul(act: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
 
 
 def _plain_linear(m: nn.Module) -> bool:
-    """A plain ``nn.Linear`` with no hooks of its own: one whose call is exactly ``F.linear``."""
-    return type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks)
+    """A plain ``nn.Linear`` with no hooks (its own or global): one whose call is exactly ``F.linear``."""
+    from torch.nn.modules import module as nn_module
+
+    return type(m) is nn.Linear and not (
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
+        or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks)
 
 
 def _mlp_forward(self: Any, x: Tensor) -> Tensor:
@@ -146,68 +155,89 @@ def _norm_forward(self: Any, x: Tensor) -> Tensor:
 
 
 def _is_gated_mlp(m: nn.Module) -> bool:
-    return all(isinstance(getattr(m, a, None), nn.Module) for a in ("gate_proj", "up_proj", "down_proj")) and callable(
-        getattr(m, "act_fn", None))
+    """gate, up and down projections and an activation, every parameter in the three (an activation with parameters
+    of its own, such as xIELU's, would get no gradient through the lean forward)."""
+    parts = ("gate_proj", "up_proj", "down_proj")
+    return (all(isinstance(getattr(m, a, None), nn.Module) for a in parts) and callable(getattr(m, "act_fn", None))
+            and all(name.split(".", 1)[0] in parts for name, _ in m.named_parameters()))
 
 
 def _is_rms_norm(m: nn.Module) -> bool:
     w = getattr(m, "weight", None)
     return (type(m).__name__.endswith("RMSNorm") and isinstance(w, nn.Parameter) and w.dim() == 1
-            and _norm_eps(m) is not None)
+            and _norm_eps(m) is not None and [n for n, _ in m.named_parameters()] == ["weight"])
 
 
-def _same_forward(m: nn.Module, lean: Callable[[Any, Tensor], Tensor], width: int) -> bool:
-    """The lean forward gives the module's own outputs, bit for bit, on a random input (fp32 and bf16), with and
-    without gradients. Run once per module class, on a copy of one of its modules whose parameters are random (a
-    norm's weight starts at ones, which would hide a ``1 + weight`` form)."""
-    probe = _probe_copy(m)
+def _same_forward(m: nn.Module, lean: Callable[[Any, Tensor], Tensor], width: int, dtypes: tuple[torch.dtype, ...]
+                  ) -> bool:
+    """The lean forward gives the module's own outputs, bit for bit, on a random input in each of ``dtypes``, with
+    and without gradients, in eval and in training mode (the same random state for both calls: a dropout the lean
+    forward would skip shows). ``m`` is checked as it is, its mode restored after."""
+    training = m.training
     gen = torch.Generator().manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16):
-        probe.to(dtype)
-        x = torch.randn(2, 3, width, generator=gen).to(dtype)
-        for grad in (False, True):
-            with torch.set_grad_enabled(grad):
-                if not torch.equal(type(m).forward(probe, x), lean(probe, x)):
-                    return False
-    return True
+    try:
+        for dtype in dtypes:
+            x = torch.randn(2, 3, width, generator=gen).to(dtype)
+            for mode in (False, True):
+                m.train(mode)
+                for grad in (False, True):
+                    with torch.set_grad_enabled(grad), torch.random.fork_rng(devices=[]):
+                        torch.manual_seed(1)
+                        own = type(m).forward(m, x)
+                        torch.manual_seed(1)
+                        got = lean(m, x)
+                    if not (isinstance(own, Tensor) and isinstance(got, Tensor) and torch.equal(own, got)):
+                        return False
+        return True
+    finally:
+        m.train(training)
 
 
-def _probe_copy(m: nn.Module) -> nn.Module:
-    import copy
-
-    probe = copy.deepcopy(m).float()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in probe.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1 + 1.0)
-    return probe
+def _check(m: nn.Module, kind: str, lean: Callable[[Any, Tensor], Tensor]) -> bool:
+    """Whether ``m`` computes what its lean forward computes: :func:`_same_forward` on the module itself for an MLP
+    (in its parameters' dtype, its weights as loaded: no copy of a large module), on a copy with random weights for a norm (a norm's
+    weight may be all ones, which would hide a ``1 + weight`` form; the copy is one vector) in fp32 and bf16 (where
+    the order of the cast and the weight's product shows). Anything the check raises (a forward that returns a
+    tuple or wants more arguments) means no."""
+    try:
+        if kind == "mlp":
+            gate = m.gate_proj
+            width = getattr(gate, "in_features", None)
+            dtype = next(m.parameters()).dtype
+            return isinstance(width, int) and _same_forward(m, lean, width, (dtype,))
+        probe = copy.deepcopy(m).float()
+        with torch.no_grad():
+            for p in probe.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.1 + 1.0)
+        width = int(m.weight.shape[0])  # type: ignore[index]
+        return all(_same_forward(probe.to(dt), lean, width, (dt,)) for dt in (torch.float32, torch.bfloat16))
+    except Exception as exc:  # noqa: BLE001 - any failure of the check keeps the module's own forward
+        logger.debug("lean activations: checking %s raised %r", type(m).__name__, exc)
+        return False
 
 
 def apply(lm: nn.Module) -> dict[str, int]:
     """Give ``lm``'s gated MLPs and RMSNorms the lean forward, in place (an instance attribute: the class and other
-    models are untouched), where a module's class passes :func:`_same_forward`. Before FSDP and LoRA wrap the model:
-    the forward looks its linears up at each call, so it runs whatever wraps them later. Returns how many modules
-    of each kind were patched (and logs classes left as they are)."""
-    checked: dict[type, bool] = {}
+    models are untouched), each module that passes :func:`_check` (every instance: modules of one class may differ
+    by their settings). Before FSDP and LoRA wrap the model: the forward looks its linears up at each call, so it
+    runs whatever wraps them later. Returns how many modules of each kind were patched; the classes with a module
+    left as it is are logged."""
     counts = {"mlp": 0, "norm": 0}
+    kept: set[str] = set()
     lean: Callable[[Any, Tensor], Tensor]
-    width: int | None
     for m in lm.modules():
         if _is_gated_mlp(m):
             kind, lean = "mlp", _mlp_forward
-            gate = m.gate_proj
-            width = gate.in_features if isinstance(gate, nn.Linear) else None
         elif _is_rms_norm(m):
             m.__dict__["_lean_eps"] = _norm_eps(m)
-            kind, lean, width = "norm", _norm_forward, int(m.weight.shape[0])  # type: ignore[union-attr,index]
+            kind, lean = "norm", _norm_forward
         else:
             continue
-        cls = type(m)
-        if cls not in checked:
-            checked[cls] = width is not None and _same_forward(m, lean, width)
-            if not checked[cls]:
-                logger.info("lean activations: %s keeps its own forward (it computes differently)", cls.__name__)
-        if checked[cls]:
+        if _check(m, kind, lean):
             m.forward = types.MethodType(lean, m)  # type: ignore[method-assign]
             counts[kind] += 1
+        else:
+            kept.add(type(m).__name__)
+    if kept:
+        logger.info("lean activations: %s keep their own forward (they compute differently)", ", ".join(sorted(kept)))
     return counts

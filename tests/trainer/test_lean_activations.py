@@ -78,34 +78,102 @@ def test_a_down_projection_that_is_not_a_plain_linear_recomputes_the_product_onl
         torch.testing.assert_close(grads_l[name], g, rtol=1e-5, atol=1e-7, msg=name)
 
 
-class _OnePlusNorm(nn.Module):
-    """Gemma's form of RMSNorm (``1 + weight``): not Llama's, so it must keep its own forward."""
+def _rms_module(name: str, form: str) -> nn.Module:
+    """An RMSNorm named ``name`` computing Llama's form, Gemma's ``1 + weight``, or Llama's with the weight's product
+    taken in fp32 before the cast (the same in fp32, not in bf16)."""
 
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(n))
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        if form == "llama":
+            return self.weight * h.to(x.dtype)
+        if form == "one_plus":
+            return (h * (1.0 + self.weight.float())).to(x.dtype)
+        return (self.weight.float() * h).to(x.dtype)
+
+    def init(self: nn.Module) -> None:
+        nn.Module.__init__(self)
+        self.weight = nn.Parameter(torch.ones(8))
         self.variance_epsilon = 1e-6
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
+    return type(name, (nn.Module,), {"__init__": init, "forward": forward})()
 
 
-def test_a_norm_that_computes_differently_keeps_its_own_forward() -> None:
-    _OnePlusNorm.__name__ = "GemmaLikeRMSNorm"
-    model = nn.Sequential(_OnePlusNorm(8))
-    assert lean_activations.apply(model) == {"mlp": 0, "norm": 0}
-    assert "forward" not in model[0].__dict__
+def test_only_norms_in_llamas_form_are_patched() -> None:
+    model = nn.ModuleList([_rms_module("MyRMSNorm", "llama"), _rms_module("GemmaLikeRMSNorm", "one_plus"),
+                           _rms_module("CastLastRMSNorm", "cast_last")])
+    assert lean_activations.apply(model) == {"mlp": 0, "norm": 1}
+    assert ["forward" in m.__dict__ for m in model] == [True, False, False]
 
 
-def test_a_trainer_step_is_the_same_with_and_without(tiny_config) -> None:
+class _MLP(nn.Module):
+    def __init__(self, act: nn.Module | None = None, dropout: float = 0.0, tuple_out: bool = False) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.act_fn = act or nn.SiLU()
+        self.dropout = nn.Dropout(dropout)
+        self.tuple_out = tuple_out
+
+    def forward(self, x: torch.Tensor):
+        y = self.dropout(self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)))
+        return (y, None) if self.tuple_out else y
+
+
+def test_mlps_that_compute_otherwise_keep_their_forward() -> None:
+    """A dropout (the same in eval mode, not in training), an activation with parameters of its own (which the
+    lean forward would not train), a forward returning a tuple (the check must not raise): kept; the plain one and a
+    dropout of 0: patched."""
+    mlps = nn.ModuleList([_MLP(), _MLP(dropout=0.0), _MLP(dropout=0.1), _MLP(act=nn.PReLU()), _MLP(tuple_out=True)])
+    assert lean_activations.apply(mlps) == {"mlp": 2, "norm": 0}
+    assert ["forward" in m.__dict__ for m in mlps] == [True, True, False, False, False]
+    assert all(not m.training for m in mlps.eval()) and all(m.training for m in mlps.train())  # modes restored
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(5,), (2, 3)])
+def test_the_down_projections_written_out_gradients_pass_gradcheck(bias: bool, shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(2)
+    g, u = (torch.randn(*shape, 6, generator=gen, dtype=torch.float64) for _ in range(2))
+    w = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    b = torch.randn(4, generator=gen, dtype=torch.float64) if bias else None
+    act = torch.nn.functional.silu
+    for wants in [(True, True, True, True), (True, False, False, True), (False, True, True, False),
+                  (False, False, True, True)]:
+        args = [t.clone().requires_grad_(want) if t is not None else None for t, want in zip((g, u, w, b), wants)]
+        assert torch.autograd.gradcheck(lambda *a: lean_activations._ActMulLinear.apply(*a, act), args)
+    # a non-contiguous upstream gradient: the same gradients as autograd's own linear
+    args = [t.clone().requires_grad_() if t is not None else None for t in (g, u, w, b)]
+    ref = [t.clone().requires_grad_() if t is not None else None for t in (g, u, w, b)]
+    grad = torch.randn(4, *shape, generator=gen, dtype=torch.float64).movedim(0, -1)
+    assert not grad.is_contiguous()
+    lean_activations._ActMulLinear.apply(*args, act).backward(grad)
+    torch.nn.functional.linear(act(ref[0]) * ref[1], ref[2], ref[3]).backward(grad)
+    for a, r in zip(args, ref):
+        if a is not None:
+            torch.testing.assert_close(a.grad, r.grad)
+
+
+def test_recompute_passes_gradcheck() -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, generator=gen, dtype=torch.float64, requires_grad=True)
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # element-wise, in the inputs' dtype
+        return torch.nn.functional.silu(a) * b
+
+    assert torch.autograd.gradcheck(lambda a, b: lean_activations._Recompute.apply(fn, a, b), (x, w))
+
+
+# bf16 with attention's precision pinned: `auto` times both ways at each trainer's start, and may choose differently
+@pytest.mark.parametrize("setting", [{}, {"dtype": "bf16", "attention_fp32_max_keys": 0},
+                                     {"activation_checkpointing": True}])
+def test_a_trainer_step_is_the_same_with_and_without(tiny_config, setting: dict) -> None:
+    """Under FSDP2 as the trainer runs it: fp32, bf16 mixed precision, whole layers recomputed around the lean ops."""
     batch = random_batch(3)
     got = {}
     for lean in (False, True):
-        with Trainer(tiny_config(lr=1e-2, lean_activations=lean, micro_batch_tokens=40)) as tr:
+        with Trainer(tiny_config(lr=1e-2, lean_activations=lean, micro_batch_tokens=40, **setting)) as tr:
             mlps = [m for m in tr._policy.modules() if type(m).__name__.endswith("MLP")]
             assert mlps and all(("forward" in m.__dict__) is lean for m in mlps)
             got[lean] = tr.rl_step(batch, current_version=0)
-    assert got[True].loss == pytest.approx(got[False].loss, abs=1e-7)
+    assert got[True].loss == got[False].loss  # the forward runs the same ops
     assert got[True].grad_norm == pytest.approx(got[False].grad_norm, rel=1e-5)
