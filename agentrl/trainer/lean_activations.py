@@ -33,15 +33,16 @@ scoring) run the module's plain code.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
-import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
+from torch.nn.modules import module as nn_module
 
 logger = logging.getLogger(__name__)
 
@@ -102,17 +103,12 @@ class _ActMulLinear(torch.autograd.Function):
         return grad_g, grad_u, grad_w, grad_b, None
 
 
-def _mul(act: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
-    def act_mul(g: Tensor, u: Tensor) -> Tensor:
-        return act(g) * u
-
-    return act_mul
+def _act_mul(act: Callable[[Tensor], Tensor], g: Tensor, u: Tensor) -> Tensor:
+    return act(g) * u
 
 
 def _plain_linear(m: nn.Module) -> bool:
     """A plain ``nn.Linear`` with no hooks (its own or global): one whose call is exactly ``F.linear``."""
-    from torch.nn.modules import module as nn_module
-
     return type(m) is nn.Linear and not (
         m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
         or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
@@ -127,19 +123,15 @@ def _mlp_forward(self: Any, x: Tensor) -> Tensor:
     down = self.down_proj
     if _plain_linear(down):
         return _ActMulLinear.apply(g, u, down.weight, down.bias, self.act_fn)
-    return down(_Recompute.apply(_mul(self.act_fn), g, u))
+    return down(_Recompute.apply(self.__dict__["_lean_act_mul"], g, u))
 
 
-def _rms(eps: float) -> Callable[[Tensor, Tensor], Tensor]:
+def _rms(eps: float, x: Tensor, weight: Tensor) -> Tensor:
     """Llama's RMSNorm as a function (the ops of ``LlamaRMSNorm.forward``, in its order)."""
-
-    def norm(x: Tensor, weight: Tensor) -> Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * h.to(dtype)
-
-    return norm
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
 
 def _norm_eps(m: nn.Module) -> float | None:
@@ -148,7 +140,7 @@ def _norm_eps(m: nn.Module) -> float | None:
 
 
 def _norm_forward(self: Any, x: Tensor) -> Tensor:
-    fn = _rms(self.__dict__["_lean_eps"])
+    fn = self.__dict__["_lean_norm"]
     if not torch.is_grad_enabled():
         return fn(x, self.weight)
     return _Recompute.apply(fn, x, self.weight)
@@ -226,15 +218,18 @@ def apply(lm: nn.Module) -> dict[str, int]:
     kept: set[str] = set()
     lean: Callable[[Any, Tensor], Tensor]
     for m in lm.modules():
+        # the lean forward and the function it recomputes are bound here once, as partials of module-level functions
+        # (not bound methods or closures: a patched module still pickles, and a deep copy runs its own weights)
         if _is_gated_mlp(m):
+            m.__dict__["_lean_act_mul"] = functools.partial(_act_mul, cast(Callable[[Tensor], Tensor], m.act_fn))
             kind, lean = "mlp", _mlp_forward
         elif _is_rms_norm(m):
-            m.__dict__["_lean_eps"] = _norm_eps(m)
+            m.__dict__["_lean_norm"] = functools.partial(_rms, cast(float, _norm_eps(m)))  # a float: _is_rms_norm
             kind, lean = "norm", _norm_forward
         else:
             continue
         if _check(m, kind, lean):
-            m.forward = types.MethodType(lean, m)  # type: ignore[method-assign]
+            m.forward = functools.partial(lean, m)  # type: ignore[method-assign]
             counts[kind] += 1
         else:
             kept.add(type(m).__name__)

@@ -99,6 +99,34 @@ def _rms_module(name: str, form: str) -> nn.Module:
     return type(name, (nn.Module,), {"__init__": init, "forward": forward})()
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_patched_model_copies_and_pickles_with_its_lean_forward_bound_to_the_copy(tiny, how: str) -> None:
+    """The lean forward and the function it recomputes belong to the module (partials of module functions): a deep copy or a pickled copy runs its own weights, the same outputs and gradients as the original,
+    and changing the copy leaves the original alone."""
+    import io
+    import pickle
+
+    lean = copy.deepcopy(tiny).train()
+    lean_activations.apply(lean)
+    if how == "deepcopy":
+        twin = copy.deepcopy(lean)
+    else:
+        buf = io.BytesIO()
+        pickle.dump(lean, buf)
+        twin = pickle.loads(buf.getvalue())
+    ids = torch.randint(0, tiny.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    loss_a, grads_a = _loss_and_grads(lean, ids)
+    loss_b, grads_b = _loss_and_grads(twin, ids)
+    assert torch.equal(loss_a, loss_b) and grads_a.keys() == grads_b.keys()
+    for name, g in grads_a.items():
+        assert torch.equal(grads_b[name], g), name
+    with torch.no_grad():
+        for p in twin.model.layers[0].mlp.parameters():
+            p.mul_(2.0)
+    assert not torch.equal(_loss_and_grads(twin, ids)[0], loss_a)
+    assert torch.equal(_loss_and_grads(lean, ids)[0], loss_a)
+
+
 def test_only_norms_in_llamas_form_are_patched() -> None:
     model = nn.ModuleList([_rms_module("MyRMSNorm", "llama"), _rms_module("GemmaLikeRMSNorm", "one_plus"),
                            _rms_module("CastLastRMSNorm", "cast_last")])
