@@ -193,15 +193,19 @@ def test_recompute_passes_gradcheck() -> None:
 
 # bf16 with attention's precision pinned: `auto` times both ways at each trainer's start, and may choose differently
 @pytest.mark.parametrize("setting", [{}, {"dtype": "bf16", "attention_fp32_max_keys": 0},
-                                     {"activation_checkpointing": True}])
+                                     {"activation_checkpointing": True},
+                                     {"lora": {"r": 4, "alpha": 12.0, "target_modules": "all-linear"}}])
 def test_a_trainer_step_is_the_same_with_and_without(tiny_config, setting: dict) -> None:
-    """Under FSDP2 as the trainer runs it: fp32, bf16 mixed precision, whole layers recomputed around the lean ops."""
+    """Under FSDP2 as the trainer runs it: fp32, bf16 mixed precision, whole layers recomputed around the lean ops,
+    and real peft LoRA on every linear (the down projection is peft's wrapper: the product-only path)."""
     batch = random_batch(3)
     got = {}
     for lean in (False, True):
         with Trainer(tiny_config(lr=1e-2, lean_activations=lean, micro_batch_tokens=40, **setting)) as tr:
             mlps = [m for m in tr._policy.modules() if type(m).__name__.endswith("MLP")]
             assert mlps and all(("forward" in m.__dict__) is lean for m in mlps)
+            if "lora" in setting:
+                assert all(type(m.down_proj).__module__.startswith("peft.") for m in mlps)
             got[lean] = tr.rl_step(batch, current_version=0)
     assert got[True].loss == got[False].loss  # the forward runs the same ops
     assert got[True].grad_norm == pytest.approx(got[False].grad_norm, rel=1e-5)
