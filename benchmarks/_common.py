@@ -222,3 +222,97 @@ def peak_rss_gb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024 / 1e9
     return float("nan")
+
+
+# jemalloc returning freed pages at once: resident memory then follows the live heap (glibc and jemalloc's default
+# decay keep freed pages a while, so their RSS shows the past's high-water mark, not what a phase holds)
+LIVE_MALLOC_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0"
+
+
+def live_memory_process() -> bool:
+    """Whether this process allocates with jemalloc returning freed pages at once (:data:`LIVE_MALLOC_CONF`),
+    asked of the allocator itself (``mallctl``), not of the environment."""
+    import ctypes
+
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except (AttributeError, OSError):
+        return False  # no jemalloc in this process
+    value, size = ctypes.c_ssize_t(-1), ctypes.c_size_t(ctypes.sizeof(ctypes.c_ssize_t))
+    return all(mallctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) == 0 and value.value == 0
+               for name in (b"opt.dirty_decay_ms", b"opt.muzzy_decay_ms"))
+
+
+def reexec_with_live_memory() -> None:
+    """Restart this script (same arguments) with jemalloc preloaded and :data:`LIVE_MALLOC_CONF`, unless this
+    process already runs so. Raises SystemExit where that cannot be (not Linux, no jemalloc: agentrl.heap says
+    why) or where the restarted process still does not (a second restart would loop)."""
+    import sys
+
+    from agentrl.heap import preload_env
+
+    if live_memory_process():
+        return
+    if os.environ.get("AGENTRL_LIVE_MEMORY_REEXEC"):
+        raise SystemExit("--live-memory: restarted with jemalloc preloaded and MALLOC_CONF="
+                         f"{LIVE_MALLOC_CONF}, but the allocator does not report it (another LD_PRELOAD?)")
+    try:
+        env = {**os.environ, **preload_env("jemalloc"), "MALLOC_CONF": LIVE_MALLOC_CONF,
+               "AGENTRL_LIVE_MEMORY_REEXEC": "1"}
+    except ValueError as exc:
+        raise SystemExit(f"--live-memory needs jemalloc: {exc}") from exc
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+class RssSampler:
+    """This process's resident memory (``VmRSS``, from ``/proc/self/statm``) read every ``interval_s`` by a daemon
+    thread, its maximum kept per phase: ``with sampler.phase("step"):`` … ``sampler.peaks["step"]`` (bytes).
+    A read is ~10 µs; a spike shorter than the interval can be missed (the kernel's own VmHWM cannot, but it
+    keeps the whole process's past high-water mark). The thread holds the GIL only for the read: torch's ops
+    release it, so the samples land inside them."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        import threading
+
+        self.interval_s = interval_s
+        self.peaks: dict[str, int] = {}
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._phase: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def rss(self) -> int:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def _note(self, phase: str) -> None:
+        r = self.rss()
+        if r > self.peaks.get(phase, 0):
+            self.peaks[phase] = r
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            phase = self._phase
+            if phase is not None:
+                self._note(phase)
+
+    def phase(self, name: str) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def inside() -> Any:
+            self._note(name)  # at the start and the end too: a phase shorter than the interval still has a peak
+            self._phase = name
+            try:
+                yield
+            finally:
+                self._phase = None
+                self._note(name)
+
+        return inside()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)

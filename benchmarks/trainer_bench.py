@@ -39,6 +39,15 @@ gradients; the adapters' own FLOPs are left out).
 ``trainer_peak_rss_gb`` and ``trainer_cpu_s`` with the same command without it (the minimal loop has the model's own
 in both).
 
+``--live-memory`` measures what a step holds at its peak rather than the process's high-water mark: the bench
+restarts itself with jemalloc preloaded and returning freed pages at once (``MALLOC_CONF=dirty_decay_ms:0,
+muzzy_decay_ms:0``), so resident memory follows the live heap, and a thread reads ``VmRSS`` every 2 ms inside each
+timed step: ``trainer_live_peak_gb`` (the highest, over the timed steps) and ``trainer_held_gb`` (the median after
+a step: weights, gradients, AdamW state, the reference model, the allocator's retained metadata). ``VmHWM`` cannot
+show a saving inside the backward pass (glibc keeps pages, and the first steps set the mark; lean activations:
+5.952 vs 5.953 GB where the live peak fell by 272 MiB). Implies ``--no-minimal``; its CPU times pay for the
+immediate page returns (not for A/B of speed: run without it).
+
 ``--dtype bf16`` runs both sides in mixed precision (the trainer's ``dtype: bf16``; the minimal loop with FSDP2's
 ``MixedPrecisionPolicy``: fp32 master weights, bf16 compute, fp32 gradient reduction) and measures the matmul rate in
 bf16; ``--dtype auto`` takes what the trainer's ``auto`` takes on this CPU (bf16 where it multiplies faster:
@@ -71,11 +80,14 @@ import torch.distributed as dist
 from _common import (  # this folder's
     MIN_ROUNDS,
     Comparison,
+    RssSampler,
     decoder_matmul_params,
     environment,
     interleaved,
     last_line,
+    live_memory_process,
     peak_rss_gb,
+    reexec_with_live_memory,
 )
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -277,9 +289,14 @@ def main() -> None:
     ap.add_argument("--no-lean", action="store_true")  # trainer.lean_activations false: the model's own MLP and norms
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--dtype", choices=["fp32", "bf16", "auto"], default="fp32")
+    ap.add_argument("--live-memory", action="store_true",
+                    help="jemalloc returning freed pages at once, VmRSS sampled inside each step (implies --no-minimal)")
     args = ap.parse_args()
     if args.quick:
         args.model, args.batch, args.rounds = "tiny", 4, 2
+    if args.live_memory:
+        reexec_with_live_memory()  # returns in a process that allocates so (or exits saying why not)
+        args.no_minimal = True  # the minimal loop's model in the same process would be in the figure
     if args.micro_batch_tokens is None:  # --shape demo times the demo's step: its recipe's micro-batches
         args.micro_batch_tokens = 1024 if args.shape == "demo" else 16384
     # auto: the trainer's own choice on this CPU (agentrl.hardware: bf16 where it multiplies faster)
@@ -313,11 +330,19 @@ def main() -> None:
     rate0 = matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads, dtype=mm_dtype)  # twice: the best
     trainer = Trainer(cfg)
     version = 0
+    sampler = RssSampler() if args.live_memory else None
+    held: list[int] = []  # resident bytes after each timed step (--live-memory)
 
     def trainer_step() -> None:
         nonlocal version
         trainer.rl_step(batch, current_version=version)
         version += 1
+
+    def sampled_step() -> None:
+        assert sampler is not None
+        with sampler.phase("step"):
+            trainer_step()
+        held.append(sampler.rss())
 
     trainer_step()  # warm-up (allocator, kernels, AdamW state) ...
     trainer_step()  # ... twice: AdamW's state exists from the first step's end, so the second is the steady peak
@@ -325,7 +350,7 @@ def main() -> None:
     runs: dict[str, list[tuple[float, float]]]
     cmp: Comparison[tuple[float, float]] | None = None
     if args.no_minimal:
-        runs = {"trainer": [timed(trainer_step) for _ in range(args.rounds)]}
+        runs = {"trainer": [timed(sampled_step if sampler else trainer_step) for _ in range(args.rounds)]}
         peak = peak_rss_gb()  # the trainer alone in the process: its peak over every step
     else:
         minimal = MinimalLoop(path, batch, lr, args.micro_batch_tokens, bf16=dtype == "bf16")
@@ -361,6 +386,13 @@ def main() -> None:
     trainer.close()
     dist.destroy_process_group()
     figures: dict[str, Any] = {}
+    if sampler is not None:
+        sampler.close()
+        print(f"live memory (jemalloc, pages returned at once): peak inside a step {sampler.peaks['step'] / 1e9:.3f} GB, "
+              f"after each step {[round(h / 1e9, 3) for h in held]} GB; CPU times include the page returns")
+        figures.update({"trainer_live_peak_gb": sampler.peaks["step"] / 1e9,
+                        "trainer_held_gb": statistics.median(held) / 1e9,
+                        "malloc": "jemalloc_live" if live_memory_process() else "unknown"})
     if cmp is not None:
         cpu_cmp = Comparison(cmp.base, cmp.ours, [m[1] / t[1] for m, t in zip(cmp.base, cmp.ours)])
         lo, hi = cmp.range

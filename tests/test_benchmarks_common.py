@@ -109,3 +109,36 @@ def test_start_pinned_puts_every_server_on_the_first_cpu_and_the_client_on_the_o
         for p in procs:
             p.kill()
             p.wait(10)
+
+
+def test_rss_sampler_sees_a_transient_allocation_inside_its_phase_only() -> None:
+    import torch
+
+    sampler = _common.RssSampler(interval_s=0.001)
+    try:
+        with sampler.phase("quiet"):
+            pass
+        base = sampler.rss()
+        with sampler.phase("spike"):
+            t = torch.ones(40_000_000)  # 160 MB, touched, then freed before the phase ends
+            del t
+        assert sampler.peaks["spike"] - base > 150e6
+        assert sampler.peaks["quiet"] - base < 50e6
+        assert sampler.rss() - base < 50e6  # freed (glibc returns a mapping this large at once)
+    finally:
+        sampler.close()
+
+
+def test_reexec_with_live_memory_restarts_under_jemalloc_returning_pages_at_once(tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(_common.__file__).parent)!r})\n"
+        "import _common\n"
+        "print('before', _common.live_memory_process(), flush=True)\n"
+        "_common.reexec_with_live_memory()\n"
+        "print('after', _common.live_memory_process())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF", "AGENTRL_LIVE_MEMORY_REEXEC")}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["before", "False", "before", "True", "after", "True"]
