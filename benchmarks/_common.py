@@ -231,13 +231,16 @@ LIVE_MALLOC_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0"
 
 def live_memory_process() -> bool:
     """Whether this process allocates with jemalloc returning freed pages at once (:data:`LIVE_MALLOC_CONF`),
-    asked of the allocator itself (``mallctl``), not of the environment."""
+    asked of the allocator itself (``mallctl``; jemalloc 5's ``ssize_t`` decay options), not of the environment."""
     import ctypes
 
     try:
         mallctl = ctypes.CDLL(None).mallctl
     except (AttributeError, OSError):
         return False  # no jemalloc in this process
+    mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+                        ctypes.c_size_t]
+    mallctl.restype = ctypes.c_int
     value, size = ctypes.c_ssize_t(-1), ctypes.c_size_t(ctypes.sizeof(ctypes.c_ssize_t))
     return all(mallctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) == 0 and value.value == 0
                for name in (b"opt.dirty_decay_ms", b"opt.muzzy_decay_ms"))
@@ -255,14 +258,15 @@ def reexec_with_live_memory() -> None:
         return
     if os.environ.get("AGENTRL_LIVE_MEMORY_REEXEC"):
         raise SystemExit("--live-memory: restarted with jemalloc preloaded and MALLOC_CONF="
-                         f"{LIVE_MALLOC_CONF}, but the allocator does not report it (another LD_PRELOAD?)")
+                         f"{LIVE_MALLOC_CONF}, but the allocator does not report those settings (another "
+                         "LD_PRELOAD, or a jemalloc older than 5 without decay options?)")
     try:
         env = {**os.environ, **preload_env("jemalloc"), "MALLOC_CONF": LIVE_MALLOC_CONF,
                "AGENTRL_LIVE_MEMORY_REEXEC": "1"}
     except ValueError as exc:
         raise SystemExit(f"--live-memory needs jemalloc: {exc}") from exc
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # interpreter flags kept
 
 
 class RssSampler:
@@ -270,7 +274,8 @@ class RssSampler:
     thread, its maximum kept per phase: ``with sampler.phase("step"):`` … ``sampler.peaks["step"]`` (bytes).
     A read is ~10 µs; a spike shorter than the interval can be missed (the kernel's own VmHWM cannot, but it
     keeps the whole process's past high-water mark). The thread holds the GIL only for the read: torch's ops
-    release it, so the samples land inside them."""
+    release it, so the samples land inside them. A sample counts for a phase only if that phase was still on
+    when the read finished (a phase counter, checked under a lock)."""
 
     def __init__(self, interval_s: float = 0.002) -> None:
         import threading
@@ -278,7 +283,9 @@ class RssSampler:
         self.interval_s = interval_s
         self.peaks: dict[str, int] = {}
         self._page = os.sysconf("SC_PAGE_SIZE")
-        self._phase: str | None = None
+        self._lock = threading.Lock()
+        self._phase: tuple[int, str] | None = None  # (serial, name) of the phase on
+        self._serial = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._thread.start()
@@ -287,29 +294,35 @@ class RssSampler:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * self._page
 
-    def _note(self, phase: str) -> None:
-        r = self.rss()
-        if r > self.peaks.get(phase, 0):
-            self.peaks[phase] = r
+    def _note(self, name: str, value: int) -> None:  # under self._lock
+        if value > self.peaks.get(name, 0):
+            self.peaks[name] = value
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            phase = self._phase
-            if phase is not None:
-                self._note(phase)
+            on = self._phase
+            if on is None:
+                continue
+            value = self.rss()
+            with self._lock:
+                if self._phase == on:  # the same phase still on: the reading is inside it
+                    self._note(on[1], value)
 
     def phase(self, name: str) -> Any:
         import contextlib
 
         @contextlib.contextmanager
         def inside() -> Any:
-            self._note(name)  # at the start and the end too: a phase shorter than the interval still has a peak
-            self._phase = name
+            with self._lock:  # at the start and the end too: a phase shorter than the interval still has a peak
+                self._note(name, self.rss())
+                self._serial += 1
+                self._phase = (self._serial, name)
             try:
                 yield
             finally:
-                self._phase = None
-                self._note(name)
+                with self._lock:
+                    self._phase = None
+                    self._note(name, self.rss())
 
         return inside()
 

@@ -123,7 +123,7 @@ def _mlp_forward(self: Any, x: Tensor) -> Tensor:
     down = self.down_proj
     if _plain_linear(down):
         return _ActMulLinear.apply(g, u, down.weight, down.bias, self.act_fn)
-    return down(_Recompute.apply(self.__dict__["_lean_act_mul"], g, u))
+    return down(_Recompute.apply(functools.partial(_act_mul, self.act_fn), g, u))
 
 
 def _rms(eps: float, x: Tensor, weight: Tensor) -> Tensor:
@@ -218,10 +218,9 @@ def apply(lm: nn.Module) -> dict[str, int]:
     kept: set[str] = set()
     lean: Callable[[Any, Tensor], Tensor]
     for m in lm.modules():
-        # the lean forward and the function it recomputes are bound here once, as partials of module-level functions
-        # (not bound methods or closures: a patched module still pickles, and a deep copy runs its own weights)
+        # the lean forward is a partial of a module-level function, not a bound method (which pickle cannot take): a
+        # patched module pickles, and a copy runs its own weights; a norm's function is bound to its eps here once
         if _is_gated_mlp(m):
-            m.__dict__["_lean_act_mul"] = functools.partial(_act_mul, cast(Callable[[Tensor], Tensor], m.act_fn))
             kind, lean = "mlp", _mlp_forward
         elif _is_rms_norm(m):
             m.__dict__["_lean_norm"] = functools.partial(_rms, cast(float, _norm_eps(m)))  # a float: _is_rms_norm

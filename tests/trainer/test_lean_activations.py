@@ -5,6 +5,7 @@ and a norm that computes differently left as it is."""
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,12 @@ def test_a_patched_model_copies_and_pickles_with_its_lean_forward_bound_to_the_c
         buf = io.BytesIO()
         pickle.dump(lean, buf)
         twin = pickle.loads(buf.getvalue())
+    for layer in twin.model.layers:  # the copy still runs the lean forward, bound to its own modules
+        for m in (layer.mlp, layer.input_layernorm):
+            assert isinstance(m.forward, functools.partial) and m.forward.args[0] is m
+    assert twin.model.layers[0].mlp.forward.func is lean_activations._mlp_forward
+    assert twin.model.norm.forward.func is lean_activations._norm_forward
+    assert twin.model.norm.__dict__["_lean_norm"].args == (tiny.config.rms_norm_eps,)
     ids = torch.randint(0, tiny.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
     loss_a, grads_a = _loss_and_grads(lean, ids)
     loss_b, grads_b = _loss_and_grads(twin, ids)
