@@ -25,13 +25,15 @@ of a floor run alternately against ours; the whole module is the ratio arithmeti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import math
 import os
 import re
 import statistics
 import subprocess
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -278,8 +280,6 @@ class RssSampler:
     when the read finished (a phase counter, checked under a lock)."""
 
     def __init__(self, interval_s: float = 0.002) -> None:
-        import threading
-
         self.interval_s = interval_s
         self.peaks: dict[str, int] = {}
         self._page = os.sysconf("SC_PAGE_SIZE")
@@ -308,23 +308,18 @@ class RssSampler:
                 if self._phase == on:  # the same phase still on: the reading is inside it
                     self._note(on[1], value)
 
-    def phase(self, name: str) -> Any:
-        import contextlib
-
-        @contextlib.contextmanager
-        def inside() -> Any:
-            with self._lock:  # at the start and the end too: a phase shorter than the interval still has a peak
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with self._lock:  # at the start and the end too: a phase shorter than the interval still has a peak
+            self._note(name, self.rss())
+            self._serial += 1
+            self._phase = (self._serial, name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._phase = None
                 self._note(name, self.rss())
-                self._serial += 1
-                self._phase = (self._serial, name)
-            try:
-                yield
-            finally:
-                with self._lock:
-                    self._phase = None
-                    self._note(name, self.rss())
-
-        return inside()
 
     def close(self) -> None:
         self._stop.set()

@@ -85,7 +85,6 @@ from _common import (  # this folder's
     environment,
     interleaved,
     last_line,
-    live_memory_process,
     peak_rss_gb,
     reexec_with_live_memory,
 )
@@ -392,7 +391,7 @@ def main() -> None:
               f"after each step {[round(h / 1e9, 3) for h in held]} GB; CPU times include the page returns")
         figures.update({"trainer_live_peak_gb": sampler.peaks["step"] / 1e9,
                         "trainer_held_gb": statistics.median(held) / 1e9,
-                        "malloc": "jemalloc_live" if live_memory_process() else "unknown"})
+                        "malloc": "jemalloc_live"})  # reexec_with_live_memory checked it
     if cmp is not None:
         cpu_cmp = Comparison(cmp.base, cmp.ours, [m[1] / t[1] for m, t in zip(cmp.base, cmp.ours)])
         lo, hi = cmp.range
