@@ -93,6 +93,10 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
     return built, None
 
 
+# SGLang's crash diagnostics (sglang.srt.environ): off on CPU unless set, see SGLangServer.environment
+CPU_CRASH_DIAGNOSTICS = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH")
+
+
 class SGLangServerConfig(BaseModel):
     """How to start one SGLang server."""
 
@@ -219,6 +223,12 @@ class SGLangServer:
         if self.config.device == "cpu":
             env["SGLANG_USE_CPU_ENGINE"] = "1"
             paths.append(str(SGL_KERNEL_CPU_DIR))
+            # SGLang's launcher treats every SIGTERM/SIGQUIT as a crash: with these on (its defaults) it sleeps 5 s
+            # "to let GPU activity settle" before a py-spy/CUDA dump, so each stop or restart of a CPU server
+            # took 5 s longer. No GPU to settle on a CPU; either can be set back on in the environment or in
+            # ``engine.env``. On GPU SGLang's defaults stay (a real crash's dump is worth the 5 s there).
+            for name in CPU_CRASH_DIAGNOSTICS:
+                env.setdefault(name, "0")
         if thread:
             env["AGENTRL_SGLANG_DETOKENIZER"] = "thread"
             paths.append(str(SGLANG_PLUGIN_DIR))

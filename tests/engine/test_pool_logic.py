@@ -12,6 +12,7 @@ import pytest
 
 from agentrl.engine.base import EngineFinish, EngineUnavailable, GenerateResult, SamplingParams
 from agentrl.engine.pool import EnginePool, MemberState, PoolConfig
+from agentrl.engine.weight_sync import FromDisk
 from agentrl.errors import EngineError
 
 FAST = PoolConfig(health_interval_s=0.02, health_timeout_s=0.1, failures_to_down=2, wait_for_server_s=5.0,
@@ -257,6 +258,33 @@ async def test_a_server_that_dies_while_loading_comes_back_with_the_new_weights(
     await pool.update_weights("/w/v1", 1)  # no error: s0 is taken out and restarted with v1
     await wait_until(lambda: servers["http://s0"].restarts == 1 and pool.stats()[0].state == "up")
     assert clients["http://s0"].version == clients["http://s1"].version == 1
+    await pool.aclose()
+
+
+async def test_a_server_restarted_after_a_retarget_loads_from_the_new_source():
+    """Once the trainer that broadcast the weights has ended, the pool is retargeted to the same version on disk:
+    nothing is loaded then, and a server restarted afterwards loads from there, not from the old source."""
+
+    class Counting:
+        def __init__(self, source: FromDisk) -> None:
+            self.source, self.version, self.loads = source, source.version, 0
+
+        async def load(self, clients):  # type: ignore[no-untyped-def]
+            self.loads += 1
+            return await self.source.load(clients)
+
+    pool, servers, clients = make_pool(2)
+    pool.start()
+    await pool.update_weights("/w/broadcast", 3)
+    final = Counting(FromDisk("/w/final", 3))
+    await pool.retarget(final)
+    assert final.loads == 0 and all(c.path == "/w/broadcast" for c in clients.values())
+    servers["http://s1"].up = False
+    await wait_until(lambda: servers["http://s1"].restarts == 1 and pool.stats()[1].state == "up")
+    assert final.loads == 1
+    assert (clients["http://s1"].path, clients["http://s1"].version) == ("/w/final", 3)
+    assert clients["http://s0"].path == "/w/broadcast"  # the server that stayed up loads nothing
+    assert await pool.weight_version() == 3
     await pool.aclose()
 
 

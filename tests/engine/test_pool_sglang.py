@@ -23,7 +23,6 @@ from agentrl.engine import (
     SGLangServer,
     SGLangServerConfig,
 )
-from agentrl.engine.weight_sync import FromDisk
 from agentrl.errors import EngineError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "async_rollout"))
@@ -143,30 +142,11 @@ async def test_killed_server_is_restarted_with_current_weights_and_the_rollout_g
         await asyncio.gather(*(pool.generate([i, 7, 8], SamplingParams(max_new_tokens=2), sticky_key=f"new{i}")
                                for i in range(4)))
         assert len(clients[1].inputs) > served_before, "the restarted server is back in rotation"
-        # Once the trainer has ended (a broadcast source could not be asked any more) the pool is retargeted to the
-        # final version on disk: nothing is loaded then, and a server restarted afterwards loads it from there.
-        final = _CountingSource(FromDisk(str(tiny_model_path), steps))
-        await pool.retarget(final)
-        assert final.loads == 0
-        extra.kill()
-        async with asyncio.timeout(300):
-            while pool.stats()[1].restarts < 2 or pool.stats()[1].state != "up":
-                await asyncio.sleep(0.5)
-        assert final.loads == 1 and await clients[1].weight_version() == steps
-        third_files = set(extra._shm_files)
-        assert third_files and not any(Path(f).exists() for f in second_files)
     finally:
-        await pool.aclose()
-    assert not any(Path(f).exists() for f in third_files)
-
-
-class _CountingSource:
-    def __init__(self, source: FromDisk) -> None:
-        self.source, self.version, self.loads = source, source.version, 0
-
-    async def load(self, clients):  # type: ignore[no-untyped-def]
-        self.loads += 1
-        return await self.source.load(clients)
+        await pool.aclose()  # stops the server it restarted
+    assert not any(Path(f).exists() for f in second_files)
+    # a deliberate stop of a CPU server skips SGLang's crash diagnostics (they cost every stop a 5 s sleep)
+    assert "No live scheduler processes found" not in (tmp_path / "extra.log").read_text()
 
 
 class _Weights:

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from agentrl.engine import SGLangServer, SGLangServerConfig, pool_configs
-from agentrl.engine.server import SGL_KERNEL_CPU_DIR, SGLANG_PLUGIN_DIR
+from agentrl.engine.server import CPU_CRASH_DIAGNOSTICS, SGL_KERNEL_CPU_DIR, SGLANG_PLUGIN_DIR
 from agentrl.errors import EngineError
 
 
@@ -87,3 +87,18 @@ def test_a_plugin_allow_list_gets_agentrls_plugin_added():
     assert env["SGLANG_PLUGINS"] == "theirs,agentrl"
     env = SGLangServer(SGLangServerConfig(model_path="/m", env={"SGLANG_PLUGINS": "agentrl, theirs"})).environment()
     assert env["SGLANG_PLUGINS"] == "agentrl, theirs"
+
+
+def test_a_cpu_server_stops_without_sglangs_crash_diagnostics_unless_asked(monkeypatch: pytest.MonkeyPatch):
+    """SGLang sleeps 5 s before its py-spy/CUDA dump on every SIGTERM; off on CPU, SGLang's default on GPU, and
+    what the user sets (their environment, ``engine.env``) wins."""
+    for name in CPU_CRASH_DIAGNOSTICS:
+        monkeypatch.delenv(name, raising=False)
+    cpu = SGLangServer(SGLangServerConfig(model_path="/m")).environment()
+    assert all(cpu[name] == "0" for name in CPU_CRASH_DIAGNOSTICS)
+    gpu = SGLangServer(SGLangServerConfig(model_path="/m", device="cuda")).environment()
+    assert not any(name in gpu for name in CPU_CRASH_DIAGNOSTICS)
+    asked = SGLangServerConfig(model_path="/m", env={"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "1"})
+    assert SGLangServer(asked).environment()["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == "1"
+    monkeypatch.setenv("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "1")
+    assert SGLangServer(SGLangServerConfig(model_path="/m")).environment()["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "1"
