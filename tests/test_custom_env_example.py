@@ -54,9 +54,12 @@ async def test_the_example_env_registers_calls_its_tool_and_scores(chat_tokenize
 @pytest.mark.slow
 @pytest.mark.sglang
 @pytest.mark.redis  # the run starts its embedded Redis
-def test_agentrl_train_on_the_example_recipe(tmp_path):
+def test_agentrl_train_on_the_example_recipe(tmp_path, shared_server):
     proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(EXAMPLE / "train.yaml"),
-                           f"runs_dir={tmp_path}", "log_rollouts=full"],
+                           f"runs_dir={tmp_path}", "log_rollouts=full",
+                           # the session's server (fp32): a server start-up less (~40 s); the runs that start
+                           # their own are tests/test_smoke_e2e.py's
+                           f"engine.url={shared_server}", "engine.dtype=float32"],
                           capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     run = tmp_path / "unit-convert"

@@ -62,11 +62,14 @@ async def test_the_example_agent_calls_its_calculator_and_is_scored(chat_tokeniz
 @pytest.mark.slow
 @pytest.mark.sglang
 @pytest.mark.redis  # the run starts its embedded Redis
-def test_agentrl_train_on_the_example_agent(tmp_path):
+def test_agentrl_train_on_the_example_agent(tmp_path, shared_server):
     # the tiny random model never calls a tool by itself: the forced variant's first turn is a calculate call, so
     # the episodes are multi-turn (the call, the tool's answer as mask-0 tokens, a free turn)
     proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(EXAMPLE / "train.yaml"),
-                           f"runs_dir={tmp_path}", "log_rollouts=full", "env.name=calculator_agent_forced"],
+                           f"runs_dir={tmp_path}", "log_rollouts=full",
+                           # the session's server (fp32): a server start-up less (~40 s); the runs that start
+                           # their own are tests/test_smoke_e2e.py's
+                           f"engine.url={shared_server}", "engine.dtype=float32", "env.name=calculator_agent_forced"],
                           capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     run = tmp_path / "openai-agent"

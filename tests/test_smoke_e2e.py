@@ -233,17 +233,21 @@ def test_second_step_was_generated_by_v1(smoke_run: Path):
 
 @pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
                                                    (signal.SIGTERM, 143, "terminated (SIGTERM)")])
-def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, sig: signal.Signals, code: int, said: str):
+def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, sig: signal.Signals, code: int, said: str,
+                                               request: pytest.FixtureRequest):
     """SIGTERM (kill, a cluster scheduler) takes Ctrl-C's path: before, Ray's handler aborted the controller (exit
-    134) and the clean-up never ran."""
+    134) and the clean-up never ran. The SIGINT run starts its own SGLang server, which must be stopped; the SIGTERM
+    run is on the session's server (``engine.url``: a server start-up less, ~40 s), which it must leave serving."""
     runs = tmp_path / "runs"
+    external = request.getfixturevalue("shared_server") if sig == signal.SIGTERM else None
+    on_external = [f"engine.url={external}", "engine.dtype=float32"] if external else []
     # a suite started in the background (`cmd &` in a script, nohup) has SIGINT ignored, which a child inherits and
     # Python keeps (asyncio.run then installs no handler): the run would go on to its end (seen: exit 0 after all
     # 50 steps). Handled here while it starts, SIGINT is at its default in the child (exec resets handled signals).
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         proc = subprocess.Popen([*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", "name=interrupted",
-                                 "sft.enabled=false", "steps=50"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 "sft.enabled=false", "steps=50", *on_external], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
     finally:
         signal.signal(signal.SIGINT, before)
@@ -259,6 +263,10 @@ def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, sig: signal.Signa
     assert f"{said}: every process of the run was stopped" in out
     assert _gone(lambda: _processes_mentioning(str(run_dir))) == []
     assert _gone(lambda: _ray_of(proc.pid)) == []
+    if external:  # nothing of the server's in the run's ledger of process groups to kill, and it serves on
+        assert not (run_dir / "logs" / "processes.jsonl").exists()
+        assert _alive(external), "a run stopped an SGLang server it did not start"
+        return
     assert _gone(lambda: _alive_in_recorded_groups(run_dir)) == []
     log = (run_dir / "logs" / "rollout.log").read_text()
     urls = [w for line in log.splitlines() if "starting sglang on" in line for w in line.split() if w.startswith("http")]
@@ -266,9 +274,11 @@ def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, sig: signal.Signa
     assert not _alive(urls[0])
 
 
-def test_a_used_run_directory_is_refused_then_resumed(smoke_run: Path):
+def test_a_used_run_directory_is_refused_then_resumed(smoke_run: Path, shared_server: str):
     """Runs last in this module (it extends the shared run): the same command again is refused before anything
-    starts; --resume continues after the last checkpoint with the next step and version, books balanced."""
+    starts; --resume continues after the last checkpoint with the next step and version, books balanced. The
+    resumed segment runs on the session's SGLang server (``engine.url``, a server start-up less; the first segment
+    started its own): it loads the checkpoint's weights into it."""
     runs, name = smoke_run.parent, smoke_run.name
     again = [*AGENTRL, "demo", "--smoke", f"runs_dir={runs}", f"name={name}", "engine.record_requests=true",
              "rollout.skip_solved_window=1", "monitor.live=false", *HELDOUT]
@@ -276,7 +286,8 @@ def test_a_used_run_directory_is_refused_then_resumed(smoke_run: Path):
     refused = subprocess.run(again, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1 and "already holds a run" in refused.stderr and "--resume" in refused.stderr
     assert sorted(p.name for p in (smoke_run / "logs").iterdir()) == logs_before  # nothing was started
-    resumed = subprocess.run([*again, "steps=3", "--resume"], capture_output=True, text=True, timeout=1500)
+    resumed = subprocess.run([*again, "steps=3", f"engine.url={shared_server}", "engine.dtype=float32", "--resume"],
+                             capture_output=True, text=True, timeout=1500)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2 and summary["final_weight_version"] == 3
