@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,11 +65,51 @@ _BUILD_CHILD_TIMEOUT_S = 300.0  # the build's own bound (180 s, _native.BUILD_TI
 _BUILT: dict[tuple[str | None, str | None, str | None], Path] = {}  # successes only: a failure is tried again
 
 
+def _kernel_memo(cxx: str | None, path: str | None, cache: str | None) -> Path | None:
+    """Where the library the child found last time for these inputs is written down, named by a fingerprint of what
+    its cache key depends on, read without importing torch: the kernel's source, torch's files (``version.py``,
+    ``libtorch_cpu.so``: path, size and mtime), the compiler (resolved path, size, mtime), the CPU's flags. The
+    child costs ~3 s at each server start in a new process (it imports torch), e.g. in each run's rollout actor;
+    the memo, a few stats. None when a part cannot be read (then the child decides)."""
+    import hashlib
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        compiler = shutil.which(cxx or "g++", path=path)
+        if spec is None or spec.origin is None or compiler is None:
+            return None
+        torch_dir = Path(spec.origin).parent
+        key = hashlib.sha256()
+        for source in (SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py", SGL_KERNEL_CPU_DIR / "sgl_kernel" /
+                       "_attention.cpp"):
+            key.update(source.read_bytes())
+        for f in (torch_dir / "version.py", torch_dir / "lib" / "libtorch_cpu.so", Path(compiler).resolve()):
+            st = f.stat()
+            key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        with open("/proc/cpuinfo", errors="replace") as info:
+            key.update("".join(sorted({ln for ln in info if ln.startswith(("flags", "model name", "Features",
+                                                                             "CPU part"))})).encode())
+        key.update(platform.machine().encode())
+    except OSError:
+        return None
+    root = Path(cache) if cache else Path.home() / ".cache" / "agentrl"
+    return root / "kernels" / f"attention-{key.hexdigest()[:24]}.memo"
+
+
 def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> tuple[Path | None, str | None]:
     import json
 
     if (cxx, path, cache) in _BUILT:
         return _BUILT[cxx, path, cache], None
+    memo = _kernel_memo(cxx, path, cache)
+    try:
+        known = Path(memo.read_text().strip()) if memo is not None else None
+    except OSError:
+        known = None
+    if known is not None and known.is_file():
+        _BUILT[cxx, path, cache] = known
+        return known, None
 
     env = {k: v for k, v in (("CXX", cxx), ("PATH", path), ("AGENTRL_CACHE_DIR", cache)) if v is not None}
     cmd = [sys.executable, "-c", _BUILD_SCRIPT, str(SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py"), json.dumps(env)]
@@ -90,6 +132,13 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
         return None, why
     logger.info("compiled CPU decode attention for SGLang: %s", built)
     _BUILT[cxx, path, cache] = built
+    if memo is not None:
+        try:  # atomic: a concurrent reader sees no half-written path
+            tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+            tmp.write_text(str(built))
+            os.replace(tmp, memo)
+        except OSError as e:
+            logger.debug("could not write %s: %s", memo, e)
     return built, None
 
 

@@ -511,3 +511,38 @@ def test_a_build_process_that_dies_leaves_the_pytorch_path_and_says_why(monkeypa
     monkeypatch.setattr(server.sys, "executable", "/bin/false")
     built, why = server.build_cpu_kernels()
     assert built is None and why == "the build process failed: exited with 1: (no output)"
+
+
+def test_a_new_process_finds_the_built_kernel_without_the_build_process(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """The child that checks the build imports torch (~3 s at every server start in a new process, e.g. each run's
+    rollout actor): what it found is written down under a fingerprint of its inputs, read with a few stats; a changed
+    source, or a library gone from the cache, goes back to the child."""
+    import shutil
+
+    from agentrl.engine import server
+
+    if _load_native().compiler() is None:
+        pytest.skip("no C++ compiler: nothing is built")
+    built, why = server.build_cpu_kernels()
+    assert built is not None, why
+    monkeypatch.setattr(server, "_BUILT", {})  # a new process
+    monkeypatch.setattr(server.sys, "executable", "/bin/false")  # a build process now fails: only the memo answers
+    assert server.build_cpu_kernels() == (built, None)
+    memo = server._kernel_memo(None, os.environ.get("PATH"), os.environ.get("AGENTRL_CACHE_DIR"))
+    assert memo is not None and memo.read_text() == str(built)
+
+    monkeypatch.setattr(server, "_BUILT", {})
+    changed = tmp_path / "sgl_kernel_cpu"
+    shutil.copytree(server.SGL_KERNEL_CPU_DIR, changed)
+    (changed / "sgl_kernel" / "_attention.cpp").write_text("// another kernel\n")
+    monkeypatch.setattr(server, "SGL_KERNEL_CPU_DIR", changed)
+    assert server._kernel_memo(None, os.environ.get("PATH"), os.environ.get("AGENTRL_CACHE_DIR")) != memo
+    assert server.build_cpu_kernels()[0] is None  # the child's answer (here: it failed), not the old library
+
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))  # a memo naming a library that is gone
+    gone = server._kernel_memo(None, os.environ.get("PATH"), str(tmp_path / "cache"))
+    assert gone is not None
+    gone.parent.mkdir(parents=True)
+    gone.write_text(str(tmp_path / "deleted.so"))
+    assert server.build_cpu_kernels()[0] is None
