@@ -38,8 +38,9 @@ def build_cpu_kernels(env: Mapping[str, str] | None = None) -> tuple[Path | None
     """Build the stand-in's compiled CPU kernels (``sgl_kernel/_native.py``, in a child process), before a CPU server
     starts, with ``env``'s ``CXX``, ``PATH`` and ``AGENTRL_CACHE_DIR`` (default this process's): the build (~10 s,
     once per machine and torch version) then happens once, not in every server process, and a failure is logged
-    here (and tried again at the next server start). ``(library, None)`` when built (or cached), else
-    ``(None, why not)``; the servers then keep the PyTorch paths. Never raises."""
+    here (and tried again at the next server start). A later call in a new process finds the library by a memo
+    (:func:`_kernel_memo`) without the child. ``(library, None)`` when built (or cached), else ``(None, why not)``;
+    the servers then keep the PyTorch paths. Never raises."""
     env = os.environ if env is None else env
     return _build_cpu_kernels(env.get("CXX"), env.get("PATH"), env.get("AGENTRL_CACHE_DIR"))
 
@@ -53,7 +54,8 @@ def describe_cpu_kernel_build(env: Mapping[str, str] | None = None) -> str:
 
 # The build and its cache key need torch (its version, headers and C++ ABI): a child process imports it, so that the
 # process starting servers does not hold torch's ~280 MB of anonymous memory for its whole life (the rollout actor
-# imports no torch otherwise). Loads _native.py by path: the child imports neither agentrl nor the stand-in.
+# imports no torch otherwise). Loads _native.py by path: the child imports neither agentrl nor the stand-in. Once
+# it has answered, a memo of its inputs' file stamps answers for it in later processes (_kernel_memo).
 _BUILD_SCRIPT = """import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("agentrl_sgl_kernel_native", sys.argv[1])
 native = importlib.util.module_from_spec(spec)
@@ -68,9 +70,10 @@ _BUILT: dict[tuple[str | None, str | None, str | None], Path] = {}  # successes 
 def _kernel_memo(cxx: str | None, path: str | None, cache: str | None) -> Path | None:
     """Where the library the child found last time for these inputs is written down, named by a fingerprint of what
     its cache key depends on, read without importing torch: the kernel's source, torch's files (``version.py``,
-    ``libtorch_cpu.so``: path, size and mtime), the compiler (resolved path, size, mtime), the CPU's flags. The
+    ``libtorch_cpu.so``: path, size and mtime), the compiler (the driver and, behind a wrapper such as ccache, its
+    ``cc1plus``: resolved path, size, mtime), the CPU's flags (the lines ``_native._cpu_flags`` keys on). The
     child costs ~3 s at each server start in a new process (it imports torch), e.g. in each run's rollout actor;
-    the memo, a few stats. None when a part cannot be read (then the child decides)."""
+    the memo, a few stats and one compiler call. None when a part cannot be read (then the child decides)."""
     import hashlib
     import importlib.util
 
@@ -81,17 +84,22 @@ def _kernel_memo(cxx: str | None, path: str | None, cache: str | None) -> Path |
             return None
         torch_dir = Path(spec.origin).parent
         key = hashlib.sha256()
-        for source in (SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py", SGL_KERNEL_CPU_DIR / "sgl_kernel" /
-                       "_attention.cpp"):
+        for source in (SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_native.py",
+                       SGL_KERNEL_CPU_DIR / "sgl_kernel" / "_attention.cpp"):
             key.update(source.read_bytes())
-        for f in (torch_dir / "version.py", torch_dir / "lib" / "libtorch_cpu.so", Path(compiler).resolve()):
+        stamped = [torch_dir / "version.py", torch_dir / "lib" / "libtorch_cpu.so", Path(compiler).resolve()]
+        proper = subprocess.run([compiler, "-print-prog-name=cc1plus"], capture_output=True, text=True, timeout=30,
+                                check=False).stdout.strip()
+        if os.path.isabs(proper) and os.path.isfile(proper):  # gcc's compiler proper (clang answers a bare name)
+            stamped.append(Path(proper).resolve())
+        for f in stamped:
             st = f.stat()
             key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        prefixes = ("flags", "model name", "Features", "CPU implementer", "CPU part", "CPU variant")
         with open("/proc/cpuinfo", errors="replace") as info:
-            key.update("".join(sorted({ln for ln in info if ln.startswith(("flags", "model name", "Features",
-                                                                             "CPU part"))})).encode())
+            key.update("".join(sorted({ln for ln in info if ln.startswith(prefixes)})).encode())
         key.update(platform.machine().encode())
-    except OSError:
+    except (OSError, ValueError, subprocess.SubprocessError):  # ValueError: find_spec on a broken torch entry
         return None
     root = Path(cache) if cache else Path.home() / ".cache" / "agentrl"
     return root / "kernels" / f"attention-{key.hexdigest()[:24]}.memo"
@@ -105,7 +113,7 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
     memo = _kernel_memo(cxx, path, cache)
     try:
         known = Path(memo.read_text().strip()) if memo is not None else None
-    except OSError:
+    except (OSError, ValueError):  # ValueError: not UTF-8 (a damaged file): the child answers, the memo is rewritten
         known = None
     if known is not None and known.is_file():
         _BUILT[cxx, path, cache] = known
@@ -133,12 +141,20 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
     logger.info("compiled CPU decode attention for SGLang: %s", built)
     _BUILT[cxx, path, cache] = built
     if memo is not None:
-        try:  # atomic: a concurrent reader sees no half-written path
-            tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
-            tmp.write_text(str(built))
+        import tempfile
+
+        tmp: str | None = None
+        try:  # atomic: a concurrent reader sees no half-written path; a temporary file of its own per writer
+            fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=memo.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(str(built.resolve()))
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from the other users of a shared cache
             os.replace(tmp, memo)
         except OSError as e:
             logger.debug("could not write %s: %s", memo, e)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
     return built, None
 
 

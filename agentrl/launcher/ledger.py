@@ -18,12 +18,31 @@ from pathlib import Path
 LEDGER = Path("logs") / "processes.jsonl"
 
 
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), None if there is no such
+    process: with the pid, it names one process for the machine's uptime."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def record_process(run_dir: Path, name: str, pid: int) -> None:
-    """Note a process group this run started (its leader's pid)."""
+    """Note a process group this run started (its leader's pid and start time)."""
     path = run_dir / LEDGER
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
-        f.write(json.dumps({"name": name, "pid": pid}) + "\n")
+        f.write(json.dumps({"name": name, "pid": pid, "start": _start_ticks(pid)}) + "\n")
+
+
+def _recycled(entry: dict) -> bool:
+    """The entry's pid now belongs to another process: its leader is gone and the pid was handed out again (a
+    resumed run's ledger still names the first segment's servers). A group whose leader died but whose members
+    live on keeps its id: Linux hands out no pid that is still a process group's id, so such a group is ours."""
+    start = entry.get("start")
+    now = _start_ticks(entry["pid"])
+    return start is not None and now is not None and now != start
 
 
 def kill_recorded(run_dir: Path) -> int:
@@ -34,7 +53,10 @@ def kill_recorded(run_dir: Path) -> int:
         return 0
     found = 0
     for line in path.read_text().splitlines():
-        pid = json.loads(line)["pid"]
+        entry = json.loads(line)
+        pid = entry["pid"]
+        if _recycled(entry):
+            continue
         for n, sig in enumerate((signal.SIGTERM, signal.SIGKILL)):
             try:
                 os.killpg(pid, sig)

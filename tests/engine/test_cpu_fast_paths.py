@@ -546,3 +546,41 @@ def test_a_new_process_finds_the_built_kernel_without_the_build_process(monkeypa
     gone.parent.mkdir(parents=True)
     gone.write_text(str(tmp_path / "deleted.so"))
     assert server.build_cpu_kernels()[0] is None
+    gone.write_bytes(b"\xff\xfe damaged")  # not even text: still an answer, not an exception
+    assert server.build_cpu_kernels()[0] is None
+
+
+def test_the_kernel_memo_changes_with_torchs_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Another torch (reinstalled, upgraded, another venv's) is another memo: the child is asked again."""
+    import importlib.machinery
+    import importlib.util
+    import shutil
+
+    from agentrl.engine import server
+
+    if _load_native().compiler() is None:
+        pytest.skip("no C++ compiler: the memo needs one")
+    fake = tmp_path / "venv" / "torch"
+    (fake / "lib").mkdir(parents=True)
+    for name in ("__init__.py", "version.py", "lib/libtorch_cpu.so"):
+        (fake / name).write_text("x")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(
+        "torch", None, origin=str(fake / "__init__.py")) if name == "torch" else real_find_spec(name, *a))
+
+    def memo() -> Path | None:
+        return server._kernel_memo(None, os.environ.get("PATH"), str(tmp_path / "cache"))
+
+    first = memo()
+    assert first is not None and first == memo()  # the same inputs, the same memo
+    os.utime(fake / "version.py", ns=(1, 1))
+    second = memo()
+    (fake / "lib" / "libtorch_cpu.so").write_text("another build")
+    third = memo()
+    other = tmp_path / "other-venv" / "torch"
+    shutil.copytree(fake, other, copy_function=shutil.copy2)  # the same stamps, another place
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(
+        "torch", None, origin=str(other / "__init__.py")) if name == "torch" else real_find_spec(name, *a))
+    assert len({first, second, third, memo()}) == 4
+    (other / "version.py").unlink()
+    assert memo() is None  # a part that cannot be read: no memo, the child decides
