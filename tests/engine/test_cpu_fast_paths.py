@@ -248,6 +248,22 @@ def test_uncovered_extend_calls_go_to_the_original() -> None:
     assert len(calls) == 3 and calls[0]["sliding_window_size"] == 16
 
 
+def _pythons(*jobs: tuple[str, dict[str, str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Each ``(code, env)`` in an interpreter of its own, all at once: one imports SGLang's attention backend in
+    ~8 s of a core, and a test's variants do not depend on each other."""
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for code, env in jobs]
+    done = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
 @pytest.mark.parametrize("order", ["shim first", "sglang first"])
 def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> None:
     imports = ["import sgl_kernel", "import sglang.srt.layers.attention.torch_native_backend as m",
@@ -260,13 +276,9 @@ def test_the_shim_patches_sglangs_backend_in_a_server_process(order: str) -> Non
              "getattr(s.top_k_top_p_min_p_sampling_from_probs_torch, 'agentrl_fast', False))")
     code = "; ".join([*imports, probe])
     env = {**os.environ, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
-    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
-    env["AGENTRL_SGLANG_CPU_PATCHES"] = "0"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
-    assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
+    on, off = _pythons((code, env), (code, {**env, "AGENTRL_SGLANG_CPU_PATCHES": "0"}))
+    assert on.stdout.strip().splitlines()[-1:] == ["True"], on.stderr[-2000:]
+    assert off.stdout.strip().splitlines()[-1:] == ["False"], off.stderr[-2000:]
 
 
 def test_a_server_process_attends_with_the_compiled_kernel(compiled_decode: Callable[..., None]) -> None:
@@ -275,14 +287,11 @@ def test_a_server_process_attends_with_the_compiled_kernel(compiled_decode: Call
     code = ("import sgl_kernel; import sglang.srt.layers.attention.torch_native_backend as m; "
             "print(m.TorchNativeAttnBackend._run_sdpa_forward_decode.agentrl_compiled)")
     env = {**os.environ, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
+    out, off = _pythons((code, env), (code, {**env, "AGENTRL_CPU_KERNELS": "0"}))
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
     assert "compiled CPU decode attention loaded" in out.stderr
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "AGENTRL_CPU_KERNELS": "0"}, capture_output=True,
-                         text=True, timeout=300, check=False)
-    assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
-    assert "batched PyTorch path instead: AGENTRL_CPU_KERNELS=0" in out.stderr
+    assert off.stdout.strip().splitlines()[-1:] == ["False"], off.stderr[-2000:]
+    assert "batched PyTorch path instead: AGENTRL_CPU_KERNELS=0" in off.stderr
 
 
 def test_a_server_process_loads_the_library_its_launcher_built(compiled_decode: Callable[..., None],
@@ -299,14 +308,10 @@ def test_a_server_process_loads_the_library_its_launcher_built(compiled_decode: 
             "print(m.TorchNativeAttnBackend._run_sdpa_forward_decode.agentrl_compiled)")
     env = {**os.environ, **extra, "PYTHONPATH": str(SGL_KERNEL_CPU_DIR), "SGLANG_USE_CPU_ENGINE": "1",
            "CXX": "no-such-compiler-agentrl", "AGENTRL_CACHE_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
+    out, gone = _pythons((code, env), (code, {**env, "AGENTRL_CPU_KERNEL_LIB": str(tmp_path / "gone.so")}))
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
-    env["AGENTRL_CPU_KERNEL_LIB"] = str(tmp_path / "gone.so")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
-    assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
-    assert "no-such-compiler-agentrl not on PATH" in out.stderr
+    assert gone.stdout.strip().splitlines()[-1:] == ["False"], gone.stderr[-2000:]
+    assert "no-such-compiler-agentrl not on PATH" in gone.stderr
 
 
 def test_prepare_turns_the_kernel_off_for_a_server_when_it_cannot_be_built(monkeypatch: pytest.MonkeyPatch,
