@@ -26,6 +26,7 @@ driver can check its data before it starts any server.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -75,19 +76,39 @@ def open_dataset(path: str | Path, *, streaming: bool = False) -> Any:
     if p.stat().st_size == 0:
         raise DatasetError(f"dataset {p} holds no rows (the file is empty)")
     try:
-        return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=streaming)
+        if streaming:
+            with _streaming_without_torch():
+                return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=True)
+        return datasets.load_dataset(builder, data_files=str(p), split="train")
     except Exception as exc:  # noqa: BLE001  (any parse failure of the user's file: say which file and why)
         if not streaming and _streams_no_rows(p, builder):  # e.g. a parquet file with a schema and no rows
             raise DatasetError(f"dataset {p} holds no rows") from None
         raise DatasetError(f"dataset {p} cannot be read as {builder}: {type(exc).__name__}: {exc}") from exc
 
 
+@contextlib.contextmanager
+def _streaming_without_torch() -> Iterator[None]:
+    """HF datasets' ``IterableDataset`` imports torch where it is installed, to share its epoch counter with
+    DataLoader workers, which agentrl never gives it: a check before a run (the controller's ``first_row``) then
+    paid ~3 s and torch's ~280 MB of memory for the rest of the run. Off while a streaming dataset is made (a
+    documented switch, ``datasets.config.TORCH_AVAILABLE``, as ``USE_TORCH=0`` sets it; put back after)."""
+    import datasets
+
+    before = datasets.config.TORCH_AVAILABLE
+    datasets.config.TORCH_AVAILABLE = False
+    try:
+        yield
+    finally:
+        datasets.config.TORCH_AVAILABLE = before
+
+
 def _streams_no_rows(p: Path, builder: str) -> bool:
     import datasets
 
     try:
-        return next(iter(datasets.load_dataset(builder, data_files=str(p), split="train", streaming=True)), None) \
-            is None
+        with _streaming_without_torch():
+            ds = datasets.load_dataset(builder, data_files=str(p), split="train", streaming=True)
+        return next(iter(ds), None) is None
     except Exception:  # noqa: BLE001  (unreadable: the caller reports its own error)
         return False
 

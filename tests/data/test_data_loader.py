@@ -182,3 +182,19 @@ def test_malformed_prompts_name_the_row(tmp_path: Path, prompt, words: str) -> N
     with pytest.raises(DatasetError, match=words) as info:
         load_task_file(path)
     assert "row 1" in str(info.value) and info.value.field == "prompt_key"
+
+
+def test_the_check_before_a_run_reads_a_file_without_importing_torch(tmp_path: Path) -> None:
+    """HF datasets' streaming datasets import torch (for DataLoader workers agentrl never uses): the controller's
+    check of a run's data file paid ~3 s and ~280 MB for it, for the whole run. Its switch is put back after."""
+    import subprocess
+    import sys
+
+    rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": "4"}]
+    files = [write(tmp_path, fmt, rows) for fmt in ("jsonl", "parquet")]
+    code = ("import sys, datasets; from agentrl.data.loader import check_dataset, first_row; "
+            f"rows = [first_row(p) for p in {[str(f) for f in files]!r}]; "
+            f"[check_dataset(p) for p in {[str(f) for f in files]!r}]; "
+            "print(rows[0]['prompt'], rows[1]['answer'], 'torch' in sys.modules, datasets.config.TORCH_AVAILABLE)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.stdout.split() == ["1+1?", "2", "False", "True"], out.stderr[-2000:]
