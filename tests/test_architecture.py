@@ -159,6 +159,16 @@ def test_the_rollout_process_imports_no_torch_training_code() -> None:
     assert not [m for m in loaded if _under(m, "torch")], "the rollout process imports torch"
 
 
+def test_the_cli_starts_without_the_heavy_stacks() -> None:
+    """Every ``agentrl`` command imports ``agentrl.cli``: mounting ``serve``/``eval`` once loaded FastAPI and the
+    evaluation stack (scipy), ~2.3 s at each start; torch and HF datasets load where a command needs them."""
+    loaded = _loaded_by("agentrl.cli")
+    assert "agentrl.api.cli" in loaded
+    heavy = [m for m in loaded if any(_under(m, h) for h in ("fastapi", "scipy", "torch", "datasets", "uvicorn",
+                                                              "agentrl.api.app"))]
+    assert not heavy, f"agentrl.cli loads {heavy[:10]}"
+
+
 def test_the_trainer_process_imports_no_sglang_and_no_rollout_code() -> None:
     loaded = _loaded_by("agentrl.launcher.trainer_process")
     assert "agentrl.trainer.engine" in loaded

@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import json
 import math
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,9 @@ def open_dataset(path: str | Path, *, streaming: bool = False) -> Any:
         raise DatasetError(f"dataset {p} cannot be read as {builder}: {type(exc).__name__}: {exc}") from exc
 
 
+_TORCH_SWITCH = threading.Lock()
+
+
 @contextlib.contextmanager
 def _streaming_without_torch() -> Iterator[None]:
     """HF datasets' ``IterableDataset`` imports torch where it is installed, to share its epoch counter with
@@ -94,12 +98,13 @@ def _streaming_without_torch() -> Iterator[None]:
     documented switch, ``datasets.config.TORCH_AVAILABLE``, as ``USE_TORCH=0`` sets it; put back after)."""
     import datasets
 
-    before = datasets.config.TORCH_AVAILABLE
-    datasets.config.TORCH_AVAILABLE = False
-    try:
-        yield
-    finally:
-        datasets.config.TORCH_AVAILABLE = before
+    with _TORCH_SWITCH:  # one switch at a time (the eval service reads datasets in threads): the flag comes back
+        before = datasets.config.TORCH_AVAILABLE
+        datasets.config.TORCH_AVAILABLE = False
+        try:
+            yield
+        finally:
+            datasets.config.TORCH_AVAILABLE = before
 
 
 def _streams_no_rows(p: Path, builder: str) -> bool:

@@ -251,17 +251,25 @@ def test_uncovered_extend_calls_go_to_the_original() -> None:
 def _pythons(*jobs: tuple[str, dict[str, str]]) -> list[subprocess.CompletedProcess[str]]:
     """Each ``(code, env)`` in an interpreter of its own, all at once: one imports SGLang's attention backend in
     ~8 s of a core, and a test's variants do not depend on each other."""
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for code, env in jobs]
-    done = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for code, env in jobs:
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        done = []
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return done
+    finally:  # interrupted (Ctrl-C, pytest-timeout) or a start that failed: none is left running
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.parametrize("order", ["shim first", "sglang first"])
