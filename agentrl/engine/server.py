@@ -162,6 +162,34 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
 CPU_CRASH_DIAGNOSTICS = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH")
 
 
+def sglang_model_module(model_path: str | Path) -> str | None:
+    """The ``sglang.srt.models`` module that defines and exports (``EntryClass``) the first architecture of the
+    model's ``config.json``, found by reading the modules' text (importing them is what this saves); None if the
+    model, its config or such a module is not found (then SGLang imports every model module, as it does itself)."""
+    import importlib.util
+    import json
+    import re
+
+    try:
+        archs = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
+        spec = importlib.util.find_spec("sglang")
+    except (OSError, ValueError):
+        return None
+    if not archs or not isinstance(archs[0], str) or spec is None or spec.origin is None:
+        return None
+    defines = re.compile(rf"^class {re.escape(archs[0])}\(", re.MULTILINE)
+    models = Path(spec.origin).parent / "srt" / "models"
+    for source in sorted(models.glob("*.py")):
+        try:
+            text = source.read_text(errors="replace")
+        except OSError:
+            continue
+        entry = text.rfind("\nEntryClass")  # the module's export: a class or a list of them, at its end
+        if entry >= 0 and defines.search(text) and re.search(rf"\b{re.escape(archs[0])}\b", text[entry:]):
+            return f"sglang.srt.models.{source.stem}"
+    return None
+
+
 class SGLangServerConfig(BaseModel):
     """How to start one SGLang server."""
 
@@ -294,6 +322,13 @@ class SGLangServer:
             # ``engine.env``. On GPU SGLang's defaults stay (a real crash's dump is worth the 5 s there).
             for name in CPU_CRASH_DIAGNOSTICS:
                 env.setdefault(name, "0")
+            # SGLang imports every model module it has at each start (~4 s here) unless an external model package
+            # is named: ours imports only the served model's (agentrl_sglang_models; a user's package wins)
+            module = sglang_model_module(self.config.model_path) if "SGLANG_EXTERNAL_MODEL_PACKAGE" not in env \
+                else None
+            if module is not None:
+                env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "agentrl_sglang_models"
+                env["AGENTRL_SGLANG_MODEL_MODULE"] = module
         if thread:
             env["AGENTRL_SGLANG_DETOKENIZER"] = "thread"
             paths.append(str(SGLANG_PLUGIN_DIR))

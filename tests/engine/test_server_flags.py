@@ -102,3 +102,33 @@ def test_a_cpu_server_stops_without_sglangs_crash_diagnostics_unless_asked(monke
     assert SGLangServer(asked).environment()["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == "1"
     monkeypatch.setenv("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "1")
     assert SGLangServer(SGLangServerConfig(model_path="/m")).environment()["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "1"
+
+
+def test_a_cpu_server_imports_only_its_models_sglang_module(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """SGLang imports every model module at each start unless an external model package is named: agentrl's names
+    the module that defines the model's architecture (found by reading, not importing); a user's package wins; an
+    architecture SGLang has no module for, or no config, leaves SGLang's own behaviour."""
+    import json
+
+    from agentrl.engine.server import sglang_model_module
+
+    def model(archs: object) -> str:
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"architectures": archs}))
+        return str(d)
+
+    assert sglang_model_module(model(["LlamaForCausalLM"])) == "sglang.srt.models.llama"
+    assert sglang_model_module(model(["Qwen2ForCausalLM"])) == "sglang.srt.models.qwen2"
+    assert sglang_model_module(model(["NoSuchForCausalLM"])) is None
+    assert sglang_model_module(model([])) is None and sglang_model_module(tmp_path / "absent") is None
+    monkeypatch.delenv("SGLANG_EXTERNAL_MODEL_PACKAGE", raising=False)
+    env = SGLangServer(SGLangServerConfig(model_path=model(["LlamaForCausalLM"]))).environment()
+    assert env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "agentrl_sglang_models"
+    assert env["AGENTRL_SGLANG_MODEL_MODULE"] == "sglang.srt.models.llama"
+    assert (SGL_KERNEL_CPU_DIR / "agentrl_sglang_models" / "served.py").is_file()  # on the servers' PYTHONPATH
+    unknown = SGLangServer(SGLangServerConfig(model_path=model(["NoSuchForCausalLM"]))).environment()
+    assert "SGLANG_EXTERNAL_MODEL_PACKAGE" not in unknown
+    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "users_models")
+    assert SGLangServer(SGLangServerConfig(model_path=model(["LlamaForCausalLM"]))).environment()[
+        "SGLANG_EXTERNAL_MODEL_PACKAGE"] == "users_models"
