@@ -9,6 +9,7 @@ are left out and ``extra_args`` pass anything else through.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import platform
@@ -18,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Literal
 
@@ -166,18 +167,29 @@ def sglang_model_module(model_path: str | Path) -> str | None:
     """The ``sglang.srt.models`` module that defines and exports (``EntryClass``) the first architecture of the
     model's ``config.json``, found by reading the modules' text (importing them is what this saves); None if the
     model, its config or such a module is not found (then SGLang imports every model module, as it does itself)."""
-    import importlib.util
     import json
-    import re
 
     try:
-        archs = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
-        spec = importlib.util.find_spec("sglang")
+        config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if not archs or not isinstance(archs[0], str) or spec is None or spec.origin is None:
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         return None
-    defines = re.compile(rf"^class {re.escape(archs[0])}\(", re.MULTILINE)
+    return _module_defining(archs[0])
+
+
+@functools.lru_cache(maxsize=32)
+def _module_defining(arch: str) -> str | None:
+    """:func:`sglang_model_module`'s scan of SGLang's model modules (~0.1 s; one answer per architecture, as the
+    installed SGLang does not change while agentrl runs)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or spec.origin is None:
+        return None
+    defines = re.compile(rf"^class {re.escape(arch)}\(", re.MULTILINE)
     models = Path(spec.origin).parent / "srt" / "models"
     for source in sorted(models.glob("*.py")):
         try:
@@ -185,7 +197,7 @@ def sglang_model_module(model_path: str | Path) -> str | None:
         except OSError:
             continue
         entry = text.rfind("\nEntryClass")  # the module's export: a class or a list of them, at its end
-        if entry >= 0 and defines.search(text) and re.search(rf"\b{re.escape(archs[0])}\b", text[entry:]):
+        if entry >= 0 and defines.search(text) and re.search(rf"\b{re.escape(arch)}\b", text[entry:]):
             return f"sglang.srt.models.{source.stem}"
     return None
 
@@ -239,6 +251,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start (its port taken, among other causes)
+PORT_MOVES = 3  # other ports a starting server tries when its own was taken meanwhile (see SGLangServer._wait_ready)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` now, as uvicorn binds it (SO_REUSEADDR: a connection still in
+    TIME_WAIT on it does not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct free ports: every socket stays bound until all are chosen."""
     with contextlib.ExitStack() as stack:
@@ -255,16 +283,20 @@ class SGLangServer:
     """
 
     def __init__(self, config: SGLangServerConfig, *, log_path: Path | None = None, name: str = "sglang",
-                 on_spawn: Callable[[SGLangServer], None] | None = None) -> None:
+                 on_spawn: Callable[[SGLangServer], None] | None = None, port_chosen: bool | None = None) -> None:
         if not config.model_path:
             raise EngineError("SGLangServerConfig.model_path is empty: expected a local HF model folder")
         self.config = config
         self.name = name
         self.port = config.port or free_port(config.host)
+        # A port agentrl chose (port 0, or ``port_chosen``: e.g. pool_configs' ports) may be given up for another
+        # while the server has not served yet: see _wait_ready. A restart keeps its port (its clients hold the URL).
+        self._may_move_port = (not config.port) if port_chosen is None else port_chosen
         self.log_path = log_path
         self.on_spawn = on_spawn  # told of every process group started (also restarts), before readiness
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
+        self._log_start = 0
         self._shm_files: set[str] = set()  # SGLang's /dev/shm files of the running group, unlinked by stop()
 
     @property
@@ -323,10 +355,14 @@ class SGLangServer:
             for name in CPU_CRASH_DIAGNOSTICS:
                 env.setdefault(name, "0")
             # SGLang imports every model module it has at each start (~4 s here) unless an external model package
-            # is named: ours imports only the served model's (agentrl_sglang_models; a user's package wins)
-            module = sglang_model_module(self.config.model_path) if "SGLANG_EXTERNAL_MODEL_PACKAGE" not in env \
-                else None
-            if module is not None:
+            # is named: ours imports only the served model's (agentrl_sglang_models). Not when a user names a
+            # package, disables the module (SGLANG_DISABLED_MODEL_ARCHS: module names), or runs another SGLang
+            # (engine.python: its modules may differ from the ones read here).
+            given = {**env, **self.config.env}
+            module = sglang_model_module(self.config.model_path) \
+                if "SGLANG_EXTERNAL_MODEL_PACKAGE" not in given and self.config.python is None else None
+            disabled = {m.strip() for m in given.get("SGLANG_DISABLED_MODEL_ARCHS", "").split(",")}
+            if module is not None and module.rsplit(".", 1)[1] not in disabled:
                 env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "agentrl_sglang_models"
                 env["AGENTRL_SGLANG_MODEL_MODULE"] = module
         if thread:
@@ -377,9 +413,13 @@ class SGLangServer:
         """Launch the server process and return at once; see :meth:`wait_ready_async`."""
         if self._proc is not None:
             raise EngineError(f"{self.name} is already started at {self.url}")
+        if self._may_move_port and not port_is_free(self.config.host, self.port):
+            taken, self.port = self.port, free_port(self.config.host)
+            logger.warning("%s: port %d is taken by another process; using %d", self.name, taken, self.port)
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open(self.log_path, "ab")
+            self._log_start = self._log_file.tell()  # this launch's part of the log (a restart appends)
         out = self._log_file if self._log_file is not None else subprocess.DEVNULL
         env = {**self.environment(), **self.prepare()}
         logger.info("starting %s on %s with %s", self.name, self.url, self.config.model_path)
@@ -396,20 +436,46 @@ class SGLangServer:
 
         proc = self._proc
         deadline = time.monotonic() + self.config.startup_timeout_s
+        moves = 0
+        foreign_logged = False
         while time.monotonic() < deadline:
             if self._proc is not proc or proc is None:
                 raise EngineError(f"{self.name} was stopped while starting")
             if proc.poll() is not None:
-                raise EngineError(
-                    f"{self.name} exited with code {proc.returncode} while starting; see {self.log_path}:\n"
-                    + self.log_tail()
-                )
+                if not self._port_was_taken(proc.returncode):
+                    raise EngineError(
+                        f"{self.name} exited with code {proc.returncode} while starting; see {self.log_path}:\n"
+                        + self.log_tail()
+                    )
+                # Another process bound the port between its choice and SGLang's bind (~30 s later, after the
+                # model is loaded): any socket bound to port 0 meanwhile may get it, the server's own scheduler's
+                # among them. A port agentrl chose is given up for another.
+                if not self._may_move_port or moves >= PORT_MOVES:
+                    raise EngineError(
+                        f"{self.name} could not listen on {self.config.host}:{self.port}: another process took the "
+                        f"port while the server started ({self._port_hint(moves)}); see {self.log_path}"
+                    )
+                moves += 1
+                taken = self.port
+                self.stop()
+                self.port = free_port(self.config.host)
+                logger.warning("%s: port %d was taken by another process while the server started; starting it "
+                               "again on %d", self.name, taken, self.port)
+                self.start_background()
+                proc = self._proc
+                deadline = time.monotonic() + self.config.startup_timeout_s
+                continue
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
+                    ours = r.status == 200 and group_listens_on(proc.pid, self.port) is not False
+                    if ours:
                         logger.info("%s ready at %s", self.name, self.url)
                         self._shm_files |= group_shm_files(proc.pid)
+                        self._may_move_port = False  # served: its URL is known to clients from now on
                         return
+                    if r.status == 200 and not foreign_logged:
+                        foreign_logged = True  # our process cannot bind it and will exit: then another port
+                        logger.warning("%s: %s answers, but not from this server's processes", self.name, self.url)
             except (urllib.error.URLError, OSError, TimeoutError):
                 pass
             time.sleep(0.5)
@@ -417,6 +483,27 @@ class SGLangServer:
             f"{self.name} did not become ready at {self.url} within {self.config.startup_timeout_s:.0f}s; "
             f"see {self.log_path}:\n" + self.log_tail()
         )
+
+    def _port_hint(self, moves: int) -> str:
+        if moves:
+            return f"{moves} other ports tried"
+        if self.config.port:
+            return "engine.server.port: choose a free one, or 0 to let agentrl choose"
+        return "a restarted server keeps its port: its clients hold its URL"
+
+    def _port_was_taken(self, returncode: int | None) -> bool:
+        """Whether this launch's log says the HTTP server could not bind its port (uvicorn then exits with 3;
+        without a log, that exit code is taken for it)."""
+        if self.log_path is None:
+            return returncode == UVICORN_STARTUP_FAILURE
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return False
+        port = str(self.port)
+        return any(port in line for line in text.splitlines() if "address already in use" in line.lower())
 
     def log_tail(self, lines: int = 20) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -511,20 +598,41 @@ def group_cpu_seconds(pgid: int) -> float | None:
 SHM_PREFIXES = ("/dev/shm/sglang_loads_",)  # SGLang's per-server load-report slots (managers/load_snapshot.py)
 
 
-def group_shm_files(pgid: int) -> set[str]:
-    """SGLang's files in ``/dev/shm`` (:data:`SHM_PREFIXES`) that the processes of group ``pgid`` hold open."""
-    found = set()
-    for pid in _group_stats(pgid) or ():
+def _group_open_files(pids: Iterable[int]) -> Iterator[str]:
+    """What the open file descriptors of ``pids`` name (``/proc/<pid>/fd`` links: paths, ``socket:[inode]``…)."""
+    for pid in pids:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
-            continue
+            continue  # the process ended meanwhile
         for fd in fds:
             with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(SHM_PREFIXES):
-                    found.add(target)
-    return found
+                yield os.readlink(f"/proc/{pid}/fd/{fd}")
+
+
+def group_shm_files(pgid: int) -> set[str]:
+    """SGLang's files in ``/dev/shm`` (:data:`SHM_PREFIXES`) that the processes of group ``pgid`` hold open."""
+    return {t for t in _group_open_files(_group_stats(pgid) or ()) if t.startswith(SHM_PREFIXES)}
+
+
+def group_listens_on(pgid: int, port: int) -> bool | None:
+    """Whether a process of group ``pgid`` holds the socket listening on TCP ``port`` (Linux /proc: the listening
+    sockets' inodes in ``/proc/net/tcp{,6}`` against the group's open files); None where /proc cannot tell."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st(0A: LISTEN) … inode(9)
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    stats = _group_stats(pgid)
+    if not inodes or not stats:
+        return None
+    return any(t in inodes for t in _group_open_files(stats))
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -196,7 +196,7 @@ class RolloutWorker:
         for i, config in enumerate(configs):
             name = "sglang" if len(configs) == 1 else f"sglang-{i}"
             server = SGLangServer(config, name=name, log_path=self.run_dir / "logs" / f"{name}.log",
-                                  on_spawn=self._record_spawn)
+                                  on_spawn=self._record_spawn, port_chosen=not base.port or len(configs) > 1)
             self._stack.callback(server.stop)
             await asyncio.to_thread(server.prepare)  # a first CPU kernel build (~10 s) off the event loop
             server.start_background()

@@ -1,14 +1,16 @@
-"""Fixtures of the engine tests: a misbehaving HTTP server (stalls, 503s, drops connections) on a free port."""
+"""Fixtures of the engine tests: a misbehaving HTTP server (stalls, 503s, drops connections) on a free port; a
+squatter that takes a starting server's port."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from aiohttp import web
+from port_support import Squatter
 
 
 class Misbehaving:
@@ -89,3 +91,10 @@ async def misbehaving() -> AsyncIterator[Misbehaving]:
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+def squatter() -> Iterator[Squatter]:
+    s = Squatter()
+    yield s
+    s.close()

@@ -1,6 +1,6 @@
 """EnginePool against REAL SGLang servers: fan-out of control calls; sticky routing of multi-turn episodes; and
 (slow) a server killed mid-rollout is taken out, restarted with the current weights and put back while the
-rollout goes on."""
+rollout goes on (that server first finds its port taken while it starts, and starts again on another)."""
 
 from __future__ import annotations
 
@@ -84,12 +84,23 @@ def _servers_of(trajectory, clients: list[RecordingClient]) -> set[str]:
 
 @pytest.mark.slow
 async def test_killed_server_is_restarted_with_current_weights_and_the_rollout_goes_on(
-        sglang_url, tiny_model_path, chat_tokenizer, tmp_path):
+        sglang_url, tiny_model_path, chat_tokenizer, tmp_path, squatter):
     # SGLang's own layout (a detokenizer process; the session's server has agentrl's thread): both serve the rollout
     config = SGLangServerConfig(model_path=str(tiny_model_path), max_total_tokens=8192, dtype="float32",
                                 detokenizer="process")
-    extra = SGLangServer(config, name="sglang-extra", log_path=tmp_path / "extra.log")
+    spawns: list[int] = []
+
+    def squat_the_first(server: SGLangServer) -> None:
+        spawns.append(server.port)
+        if len(spawns) == 1:  # another process takes the port while SGLang loads the model (it binds after)
+            squatter.take(server.port)
+
+    extra = SGLangServer(config, name="sglang-extra", log_path=tmp_path / "extra.log", on_spawn=squat_the_first)
     await asyncio.to_thread(extra.start)
+    # SGLang could not bind it (uvicorn exits 3); the squatter's /health 200 was not taken for the server's: it
+    # started again on another port
+    assert spawns == [squatter.ports[0], extra.port] and extra.port != squatter.ports[0]
+    assert "address already in use" in (tmp_path / "extra.log").read_text().lower()
     assert any("sglang::detokenizer" in " ".join(p.cmdline())
                for p in psutil.Process(extra.pid).children(recursive=True))
     # SGLang's load-report file in /dev/shm, which its killed process group cannot unlink: stop() does

@@ -129,6 +129,19 @@ def test_a_cpu_server_imports_only_its_models_sglang_module(monkeypatch: pytest.
     assert (SGL_KERNEL_CPU_DIR / "agentrl_sglang_models" / "served.py").is_file()  # on the servers' PYTHONPATH
     unknown = SGLangServer(SGLangServerConfig(model_path=model(["NoSuchForCausalLM"]))).environment()
     assert "SGLANG_EXTERNAL_MODEL_PACKAGE" not in unknown
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text("[1, 2]")  # JSON, but not an object
+    assert sglang_model_module(tmp_path / "list") is None
+    llama = model(["LlamaForCausalLM"])
+    # a module the user disables (SGLang skips the module names listed), another SGLang (engine.python: its
+    # modules may not be the ones read here): SGLang's own way
+    for config in (SGLangServerConfig(model_path=llama, env={"SGLANG_DISABLED_MODEL_ARCHS": "qwen2, llama"}),
+                   SGLangServerConfig(model_path=llama, python="/opt/sglang/bin/python")):
+        assert "SGLANG_EXTERNAL_MODEL_PACKAGE" not in SGLangServer(config).environment()
     monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "users_models")
-    assert SGLangServer(SGLangServerConfig(model_path=model(["LlamaForCausalLM"]))).environment()[
+    assert SGLangServer(SGLangServerConfig(model_path=llama)).environment()[
         "SGLANG_EXTERNAL_MODEL_PACKAGE"] == "users_models"
+    monkeypatch.delenv("SGLANG_EXTERNAL_MODEL_PACKAGE")
+    env = SGLangServer(SGLangServerConfig(model_path=llama, env={"SGLANG_EXTERNAL_MODEL_PACKAGE": "theirs"}))
+    assert env.environment()["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "theirs"
+    assert "AGENTRL_SGLANG_MODEL_MODULE" not in env.environment()
