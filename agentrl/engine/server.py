@@ -13,11 +13,13 @@ import functools
 import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -184,7 +186,6 @@ def _module_defining(arch: str) -> str | None:
     """:func:`sglang_model_module`'s scan of SGLang's model modules (~0.1 s; one answer per architecture, as the
     installed SGLang does not change while agentrl runs)."""
     import importlib.util
-    import re
 
     spec = importlib.util.find_spec("sglang")
     if spec is None or spec.origin is None:
@@ -292,6 +293,9 @@ class SGLangServer:
         # A port agentrl chose (port 0, or ``port_chosen``: e.g. pool_configs' ports) may be given up for another
         # while the server has not served yet: see _wait_ready. A restart keeps its port (its clients hold the URL).
         self._may_move_port = (not config.port) if port_chosen is None else port_chosen
+        self._port_configured = not self._may_move_port
+        # held while the process is swapped: stop() from another thread and a move in _wait_ready never interleave
+        self._lock = threading.RLock()
         self.log_path = log_path
         self.on_spawn = on_spawn  # told of every process group started (also restarts), before readiness
         self._proc: subprocess.Popen[bytes] | None = None
@@ -411,26 +415,28 @@ class SGLangServer:
 
     def start_background(self) -> SGLangServer:
         """Launch the server process and return at once; see :meth:`wait_ready_async`."""
-        if self._proc is not None:
-            raise EngineError(f"{self.name} is already started at {self.url}")
-        if self._may_move_port and not port_is_free(self.config.host, self.port):
-            taken, self.port = self.port, free_port(self.config.host)
-            logger.warning("%s: port %d is taken by another process; using %d", self.name, taken, self.port)
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_path, "ab")
-            self._log_start = self._log_file.tell()  # this launch's part of the log (a restart appends)
-        out = self._log_file if self._log_file is not None else subprocess.DEVNULL
         env = {**self.environment(), **self.prepare()}
-        logger.info("starting %s on %s with %s", self.name, self.url, self.config.model_path)
-        self._proc = subprocess.Popen(
-            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        with self._lock:
+            if self._proc is not None:
+                raise EngineError(f"{self.name} is already started at {self.url}")
+            if self._may_move_port and not port_is_free(self.config.host, self.port):
+                taken, self.port = self.port, free_port(self.config.host)
+                logger.warning("%s: port %d is taken by another process; using %d", self.name, taken, self.port)
+            if self.log_path is not None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                self._log_file = open(self.log_path, "ab")
+                self._log_start = self._log_file.tell()  # this launch's part of the log (a restart appends)
+            out = self._log_file if self._log_file is not None else subprocess.DEVNULL
+            logger.info("starting %s on %s with %s", self.name, self.url, self.config.model_path)
+            self._proc = subprocess.Popen(
+                self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         if self.on_spawn is not None:
             self.on_spawn(self)
         return self
 
     def _wait_ready(self) -> None:
+        import http.client
         import urllib.error
         import urllib.request
 
@@ -449,20 +455,19 @@ class SGLangServer:
                     )
                 # Another process bound the port between its choice and SGLang's bind (~30 s later, after the
                 # model is loaded): any socket bound to port 0 meanwhile may get it, the server's own scheduler's
-                # among them. A port agentrl chose is given up for another.
+                # among them. A port agentrl chose is given up for another (SGLang's default single HTTP process;
+                # with --tokenizer-worker-num > 1 uvicorn's message names no port: that start fails as before).
                 if not self._may_move_port or moves >= PORT_MOVES:
                     raise EngineError(
                         f"{self.name} could not listen on {self.config.host}:{self.port}: another process took the "
-                        f"port while the server started ({self._port_hint(moves)}); see {self.log_path}"
+                        f"port while the server started ({self._port_hint(moves)}); see {self.log_path}:\n"
+                        + self.log_tail()
                     )
                 moves += 1
-                taken = self.port
-                self.stop()
-                self.port = free_port(self.config.host)
-                logger.warning("%s: port %d was taken by another process while the server started; starting it "
-                               "again on %d", self.name, taken, self.port)
-                self.start_background()
-                proc = self._proc
+                moved = self._move_port(proc)
+                if moved is None:
+                    raise EngineError(f"{self.name} was stopped while starting")
+                proc, foreign_logged = moved, False
                 deadline = time.monotonic() + self.config.startup_timeout_s
                 continue
             try:
@@ -476,34 +481,49 @@ class SGLangServer:
                     if r.status == 200 and not foreign_logged:
                         foreign_logged = True  # our process cannot bind it and will exit: then another port
                         logger.warning("%s: %s answers, but not from this server's processes", self.name, self.url)
-            except (urllib.error.URLError, OSError, TimeoutError):
-                pass
+            except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException):
+                pass  # not up yet, or what answers there is no HTTP server (a squatter: ours will exit, then move)
             time.sleep(0.5)
         raise EngineError(
             f"{self.name} did not become ready at {self.url} within {self.config.startup_timeout_s:.0f}s; "
             f"see {self.log_path}:\n" + self.log_tail()
         )
 
+    def _move_port(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
+        """Launch again on a new free port after ``proc`` could not bind its own; None if the server was stopped
+        meanwhile (by another thread: then nothing is launched)."""
+        with self._lock:
+            if self._proc is not proc:
+                return None
+            taken = self.port
+            self.stop()
+            self.port = free_port(self.config.host)
+            logger.warning("%s: port %d was taken by another process while the server started; starting it again "
+                           "on %d", self.name, taken, self.port)
+            self.start_background()
+            return self._proc
+
     def _port_hint(self, moves: int) -> str:
         if moves:
             return f"{moves} other ports tried"
-        if self.config.port:
-            return "engine.server.port: choose a free one, or 0 to let agentrl choose"
+        if self._port_configured:
+            return "engine.port: choose a free one, or 0 to let agentrl choose"
         return "a restarted server keeps its port: its clients hold its URL"
 
     def _port_was_taken(self, returncode: int | None) -> bool:
         """Whether this launch's log says the HTTP server could not bind its port (uvicorn then exits with 3;
         without a log, that exit code is taken for it)."""
-        if self.log_path is None:
-            return returncode == UVICORN_STARTUP_FAILURE
+        if self.log_path is None:  # uvicorn's exit code, and someone holds the port now
+            return returncode == UVICORN_STARTUP_FAILURE and not port_is_free(self.config.host, self.port)
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self._log_start)
                 text = f.read().decode(errors="replace")
         except OSError:
             return False
-        port = str(self.port)
-        return any(port in line for line in text.splitlines() if "address already in use" in line.lower())
+        # asyncio's message names the address: ('127.0.0.1', 46011) or ('::1', 46011, 0, 0)
+        address = re.compile(rf", {self.port}[,)]")
+        return any(address.search(line) for line in text.splitlines() if "address already in use" in line.lower())
 
     def log_tail(self, lines: int = 20) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -524,9 +544,11 @@ class SGLangServer:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None:  # the leader may be gone while its scheduler still holds its file
             self._shm_files |= group_shm_files(proc.pid)
+        if proc is not None and proc.poll() is None:
             _signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout_s)
@@ -626,8 +648,8 @@ def group_listens_on(pgid: int, port: int) -> bool | None:
         except OSError:
             continue
         for row in rows:
-            fields = row.split()  # sl local_address rem_address st(0A: LISTEN) … inode(9)
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            fields = row.split()  # sl local_address(hex ip:hex port) rem_address st(0A: LISTEN) … inode(9)
+            if len(fields) > 9 and fields[3] == "0A" and fields[1].rsplit(":", 1)[-1] == f"{port:04X}":
                 inodes.add(f"socket:[{fields[9]}]")
     stats = _group_stats(pgid)
     if not inodes or not stats:

@@ -81,7 +81,7 @@ def test_a_configured_port_that_is_taken_is_an_error_naming_it(squatter: Squatte
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = FakeServer(config(port), log_path=tmp_path / "s.log", on_spawn=lambda s: squatter.take(s.port))
-    with pytest.raises(EngineError, match=rf"could not listen on 127\.0\.0\.1:{port}: .*engine\.server\.port"):
+    with pytest.raises(EngineError, match=rf"could not listen on 127\.0\.0\.1:{port}: .*engine\.port: choose"):
         server.start()
     assert server.port == port and not server.alive()
 
@@ -109,3 +109,33 @@ def test_another_exit_while_starting_is_reported_with_the_log(tmp_path: Path) ->
     server.exit_code = 3  # uvicorn's code, but the log says nothing of the port: not taken for a taken port
     with pytest.raises(EngineError, match=r"exited with code 3 while starting; see .*\n.*boom"):
         server.start()
+
+
+def test_a_squatter_that_is_no_http_server_is_waited_out(squatter: Squatter, tmp_path: Path) -> None:
+    server = FakeServer(config(), log_path=tmp_path / "s.log",
+                        on_spawn=lambda s: None if squatter.ports else squatter.take_raw(s.port))
+    with server:  # its garbage answers to /health are no readiness and no crash of the wait
+        assert server.port != squatter.ports[0]
+
+
+def test_without_a_log_an_exit_3_moves_only_when_the_port_is_held(squatter: Squatter) -> None:
+    server = FakeServer(config(), on_spawn=lambda s: None if squatter.ports else squatter.take(s.port))
+    with server:
+        assert server.port != squatter.ports[0]
+    other = FakeServer(config())
+    other.exit_code = 3  # uvicorn's code, its port free: some other start failure, reported as such
+    with pytest.raises(EngineError, match="exited with code 3 while starting"):
+        other.start()
+
+
+def test_a_server_stopped_meanwhile_is_not_launched_again(tmp_path: Path) -> None:
+    """A stop() from another thread (a cancelled start, a sibling server's failure) between the failed launch and
+    the move: the move launches nothing, so no process group outlives the run's clean-up."""
+    server = FakeServer(config(), log_path=tmp_path / "s.log")
+    server.exit_code = 3
+    server.start_background()
+    proc = server._proc
+    assert proc is not None
+    proc.wait(timeout=30)
+    server.stop()  # the other thread's stop
+    assert server._move_port(proc) is None and server._proc is None
