@@ -31,6 +31,16 @@ level off: 10 RL steps of changing shapes grew it to 8.8 GB and growing (4.0 GB 
 5.4 GB (1.7 over its first, level from the eighth), for 6 % more CPU a step, with the same 2.5 GB of live tensors
 in both. With purging off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB:
 do not turn it off.
+
+jemalloc's leaner heap is paid for in page faults: it returns freed pages to the kernel, and the next micro-batch's
+activations fault them back in. On an AVX2-only EPYC (fp32, the demo's RL step, two processes side by side) that
+was ~24 M minor faults and ~25 s of kernel time a step: a step 1.3x glibc's (``never``), whose fp32 heap levels off
+(6.7 GB against jemalloc's 5.4). So ``auto`` weighs the two by what the machine is (:func:`choose`): an fp32 CPU
+trainer on a machine with at least :data:`FAST_HEAP_MIN_GIB` of memory (its memory cgroup's limit if lower,
+:func:`memory_limit_bytes`) gets glibc's faster heap; a bf16 trainer (glibc's heap grows without bound) or a smaller
+machine gets jemalloc. Tried and dropped (docs/results.md): a longer decay, no oversize arena, transparent huge
+pages, lazy purging (``MADV_FREE``: more faults), and purging off with a purge after each step (as fast as glibc
+but a higher peak, 8.6 GB).
 """
 
 from __future__ import annotations
@@ -45,6 +55,11 @@ from typing import Literal
 logger = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
+#: ``trainer.malloc: auto`` gives an fp32 CPU trainer glibc's faster heap on machines with at least this much memory
+#: (GiB; the machine's, or its memory cgroup's limit if lower), jemalloc's leaner one below: the fp32 demo's
+#: processes together hold ~7.7 GiB with the trainer on jemalloc and ~1.3 GiB more on glibc, so a 16 GB laptop
+#: (~15 GiB usable) and an 8 GiB box run it on jemalloc, a 24 GB machine on glibc
+FAST_HEAP_MIN_GIB = 16.0
 MAX_TRIM = 2**31 - 1  # mallopt takes an int
 MAX_THRESHOLD = 32 * 2**20  # glibc refuses thresholds above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)
 
@@ -142,13 +157,16 @@ def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
 
 
 def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int | str, *, separate_process: bool,
-           cpu: bool = True) -> tuple[Literal["glibc", "jemalloc"], str]:
+           cpu: bool = True, dtype: str | None = None,
+           memory_bytes: int | None = None) -> tuple[Literal["glibc", "jemalloc"], str]:
     """The allocator the trainer ranks start with, and why. ``auto`` takes jemalloc where it can be preloaded and
-    was measured to help: CPU trainers (a GPU trainer's tensors are not malloc's) in processes of their own (Ray
+    was measured to pay: CPU trainers (a GPU trainer's tensors are not malloc's) in processes of their own (Ray
     mode; debug mode runs the trainer in the controller's process, already started), the library found and
-    loadable by path, and ``mmap_threshold_kb`` left at ``never`` (a number asks to shape glibc's heap); else the
-    system's allocator ("glibc"). ``glibc`` and ``jemalloc`` are taken as given (:func:`preload_env` refuses a
-    jemalloc that cannot work)."""
+    loadable by path, ``mmap_threshold_kb`` left at ``never`` (a number asks to shape glibc's heap), and not an fp32
+    trainer (``dtype``, resolved) on a machine with :data:`FAST_HEAP_MIN_GIB` of memory or more (``memory_bytes``;
+    None: :func:`memory_limit_bytes`), where glibc's heap levels off and is the faster; else the system's
+    allocator ("glibc"). ``glibc`` and ``jemalloc`` are taken as given (:func:`preload_env` refuses a jemalloc that
+    cannot work)."""
     if malloc != "auto":
         return malloc, "trainer.malloc"
     if not separate_process:
@@ -157,10 +175,55 @@ def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int 
         return "glibc", "a GPU trainer: its tensors are not malloc's, and jemalloc was measured on CPU trainers only"
     if mmap_threshold_kb != "never":
         return "glibc", f"trainer.mmap_threshold_kb {mmap_threshold_kb} shapes glibc's heap"
+    memory = memory_limit_bytes() if memory_bytes is None and dtype == "fp32" else memory_bytes
+    gib = memory / 2**30 if memory is not None else None
+    if dtype == "fp32" and gib is not None and gib >= FAST_HEAP_MIN_GIB:
+        return "glibc", (f"an fp32 trainer and {gib:.1f} GiB of memory: glibc's heap levels off in fp32 and spares "
+                         f"jemalloc's page faults; below {FAST_HEAP_MIN_GIB:g} GiB jemalloc's leaner heap is chosen")
     why = _why_not_jemalloc()
     if why is not None:
         return "glibc", f"jemalloc cannot be preloaded: {why[0]}"
-    return "jemalloc", "auto"
+    if dtype == "fp32":
+        return "jemalloc", (f"an fp32 trainer and {gib:.1f} GiB of memory, under {FAST_HEAP_MIN_GIB:g}: the leaner heap"
+                            if gib is not None else "the machine's memory is unknown: the leaner heap")
+    return "jemalloc", f"a {dtype} trainer: glibc's heap fragments" if dtype == "bf16" else "auto"
+
+
+def memory_limit_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/proc/self/cgroup"),
+                       root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The memory this process may use: the machine's (``MemTotal``), or the limit of a memory cgroup it runs in
+    (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, its own group's and its ancestors') if lower; None if
+    ``meminfo`` cannot be read."""
+    try:
+        total = next(int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines()
+                     if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    limits = [total]
+    try:
+        lines = cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2's unified hierarchy
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        group = Path(path.lstrip("/"))
+        for level in [group, *group.parents]:
+            try:
+                text = (base / level / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():  # v2 says "max" where there is none; v1 a number near 2**63
+                limits.append(int(text))
+    return min(limits)
 
 
 class _DlInfo(ctypes.Structure):

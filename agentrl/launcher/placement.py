@@ -348,7 +348,7 @@ class TrainerGroup:
         # an allocator is chosen at a process's start: the ranks' processes are Ray's workers, started for this env
         t = self.cfg.trainer
         malloc, why = heap.choose(t.malloc, t.mmap_threshold_kb, separate_process=True,
-                                  cpu=self.cfg.trainer_device == "cpu")
+                                  cpu=self.cfg.trainer_device == "cpu", dtype=t.dtype)
         if malloc == "glibc" and t.malloc == "auto":
             logger.info("trainer.malloc auto: glibc (%s)", why)
         preload = heap.preload_env(malloc)
@@ -369,8 +369,8 @@ class TrainerGroup:
                                "loadable on their node): glibc's heap serves them; see logs/trainer-<rank>.log",
                                self.cfg.trainer.malloc, ", ".join(map(str, off)), preload["LD_PRELOAD"])
             else:
-                logger.info("trainer ranks allocate with jemalloc (%s; trainer.malloc %s)", preload["LD_PRELOAD"],
-                            self.cfg.trainer.malloc)
+                logger.info("trainer ranks allocate with jemalloc (%s; trainer.malloc %s%s)", preload["LD_PRELOAD"],
+                            self.cfg.trainer.malloc, f": {why}" if why not in ("auto", "trainer.malloc") else "")
         address, port = await self.actors[0].rendezvous.remote()
         for rank, actor in enumerate(self.actors):
             env = {"AGENTRL_REDIS_URL": self.redis_url, "RANK": str(rank), "WORLD_SIZE": str(world),

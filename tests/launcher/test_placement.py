@@ -140,17 +140,23 @@ async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_pa
         ("192.0.2.10", "4567", "redis://somewhere:6379/0")}
 
 
-@pytest.mark.parametrize(("overrides", "chosen", "said"), [
-    ({}, "jemalloc", "trainer ranks allocate with jemalloc ("),
-    ({"mmap_threshold_kb": 1024}, "glibc", "trainer.malloc auto: glibc (trainer.mmap_threshold_kb 1024"),
-    ({"device": "cuda"}, "glibc", "trainer.malloc auto: glibc (a GPU trainer"),
+@pytest.mark.parametrize(("overrides", "memory_gib", "chosen", "said"), [
+    ({}, 24, "jemalloc", "trainer ranks allocate with jemalloc ("),
+    ({"dtype": "bf16"}, 24, "jemalloc", "; trainer.malloc auto: a bf16 trainer: glibc's heap fragments)"),
+    ({"dtype": "fp32"}, 8, "jemalloc", "; trainer.malloc auto: an fp32 trainer and 8.0 GiB of memory, under 16"),
+    ({"dtype": "fp32"}, 24, "glibc", "trainer.malloc auto: glibc (an fp32 trainer and 24.0 GiB of memory"),
+    ({"mmap_threshold_kb": 1024}, 24, "glibc", "trainer.malloc auto: glibc (trainer.mmap_threshold_kb 1024"),
+    ({"device": "cuda"}, 24, "glibc", "trainer.malloc auto: glibc (a GPU trainer"),
 ])
-async def test_malloc_auto_starts_the_ranks_with_its_choice_and_tells_them(tmp_path, caplog, overrides, chosen,
-                                                                         said) -> None:
+async def test_malloc_auto_starts_the_ranks_with_its_choice_and_tells_them(tmp_path, caplog, monkeypatch, overrides,
+                                                                         memory_gib, chosen, said) -> None:
     """``trainer.malloc: auto`` (the default): the ranks' processes start with jemalloc preloaded, or not, and each
-    rank's config carries the choice (so a rank that asked for jemalloc and lacks it warns in its own log)."""
+    rank's config carries the choice (so a rank that asked for jemalloc and lacks it warns in its own log). The
+    machine's memory is the test's (an fp32 trainer gets glibc's faster heap where there is room)."""
+    from agentrl import heap
     from agentrl.launcher.placement import TrainerGroup
 
+    monkeypatch.setattr(heap, "memory_limit_bytes", lambda: memory_gib * 2**30)
     ray = ray_init(RunConfig())
     cfg = RunConfig(name="malloc", trainer=overrides, resources={"trainer_world_size": 1, "trainer_num_cpus": 0.01})
     group = TrainerGroup(cfg, tmp_path, "redis://somewhere:6379/0", _fake_rank_class(ray))
