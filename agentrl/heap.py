@@ -36,9 +36,9 @@ jemalloc's leaner heap is paid for in page faults: it returns freed pages to the
 activations fault them back in. On an AVX2-only EPYC (fp32, the demo's RL step, two processes side by side) that
 was ~24 M minor faults and ~25 s of kernel time a step: a step 1.3x glibc's (``never``), whose fp32 heap levels off
 (6.7 GB against jemalloc's 5.4). So ``auto`` weighs the two by what the machine is (:func:`choose`): an fp32 CPU
-trainer on a machine with at least :data:`FAST_HEAP_MIN_GIB` of memory (its memory cgroup's limit if lower,
-:func:`memory_limit_bytes`) gets glibc's faster heap; a bf16 trainer (glibc's heap grows without bound) or a smaller
-machine gets jemalloc. Tried and dropped (docs/results.md): a longer decay, no oversize arena, transparent huge
+full fine-tuning trainer on a machine with at least :data:`FAST_HEAP_MIN_GIB` of memory (its memory cgroup's limit
+if lower, :func:`memory_limit_bytes`) gets glibc's faster heap; a bf16 trainer (glibc's heap grows without bound), a
+LoRA trainer (there to save memory) or a smaller machine gets jemalloc. Tried and dropped (docs/results.md): a longer decay, no oversize arena, transparent huge
 pages, lazy purging (``MADV_FREE``: more faults), and purging off with a purge after each step (as fast as glibc
 but a higher peak, 8.6 GB).
 """
@@ -157,14 +157,16 @@ def preload_env(malloc: Literal["glibc", "jemalloc"]) -> dict[str, str]:
 
 
 def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int | str, *, separate_process: bool,
-           cpu: bool = True, dtype: str | None = None,
+           cpu: bool = True, dtype: str | None = None, lora: bool = False,
            memory_bytes: int | None = None) -> tuple[Literal["glibc", "jemalloc"], str]:
     """The allocator the trainer ranks start with, and why. ``auto`` takes jemalloc where it can be preloaded and
     was measured to pay: CPU trainers (a GPU trainer's tensors are not malloc's) in processes of their own (Ray
     mode; debug mode runs the trainer in the controller's process, already started), the library found and
     loadable by path, ``mmap_threshold_kb`` left at ``never`` (a number asks to shape glibc's heap), and not an fp32
-    trainer (``dtype``, resolved) on a machine with :data:`FAST_HEAP_MIN_GIB` of memory or more (``memory_bytes``;
-    None: :func:`memory_limit_bytes`), where glibc's heap levels off and is the faster; else the system's
+    full fine-tuning trainer (``dtype``, resolved; ``lora`` False: a LoRA run is there to save memory, and on glibc
+    its trainer's peak was 0.53-0.57 of full fine-tuning's, on jemalloc 0.33) on a machine with
+    :data:`FAST_HEAP_MIN_GIB` of memory or more (``memory_bytes``; None: :func:`memory_limit_bytes`), where glibc's
+    heap levels off and is the faster; else the system's
     allocator ("glibc"). ``glibc`` and ``jemalloc`` are taken as given (:func:`preload_env` refuses a jemalloc that
     cannot work)."""
     if malloc != "auto":
@@ -175,14 +177,17 @@ def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int 
         return "glibc", "a GPU trainer: its tensors are not malloc's, and jemalloc was measured on CPU trainers only"
     if mmap_threshold_kb != "never":
         return "glibc", f"trainer.mmap_threshold_kb {mmap_threshold_kb} shapes glibc's heap"
-    memory = memory_limit_bytes() if memory_bytes is None and dtype == "fp32" else memory_bytes
+    fast_heap_candidate = dtype == "fp32" and not lora
+    memory = memory_limit_bytes() if memory_bytes is None and fast_heap_candidate else memory_bytes
     gib = memory / 2**30 if memory is not None else None
-    if dtype == "fp32" and gib is not None and gib >= FAST_HEAP_MIN_GIB:
+    if fast_heap_candidate and gib is not None and gib >= FAST_HEAP_MIN_GIB:
         return "glibc", (f"an fp32 trainer and {gib:.1f} GiB of memory: glibc's heap levels off in fp32 and spares "
                          f"jemalloc's page faults; below {FAST_HEAP_MIN_GIB:g} GiB jemalloc's leaner heap is chosen")
     why = _why_not_jemalloc()
     if why is not None:
         return "glibc", f"jemalloc cannot be preloaded: {why[0]}"
+    if lora:
+        return "jemalloc", "a LoRA trainer: the leaner heap (LoRA is there to save memory)"
     if dtype == "fp32":
         return "jemalloc", (f"an fp32 trainer and {gib:.1f} GiB of memory, under {FAST_HEAP_MIN_GIB:g}: the leaner heap"
                             if gib is not None else "the machine's memory is unknown: the leaner heap")

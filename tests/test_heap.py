@@ -214,6 +214,8 @@ def test_auto_gives_an_fp32_trainer_glibc_where_memory_allows_and_bf16_jemalloc(
     assert malloc == "jemalloc" and "under 16" in why
     malloc, why = heap.choose("auto", "never", separate_process=True, dtype="bf16", memory_bytes=64 * GIB)
     assert malloc == "jemalloc" and "bf16 trainer" in why
+    malloc, why = heap.choose("auto", "never", separate_process=True, dtype="fp32", lora=True, memory_bytes=64 * GIB)
+    assert malloc == "jemalloc" and "LoRA trainer" in why
     assert heap.choose("jemalloc", "never", separate_process=True, dtype="fp32", memory_bytes=64 * GIB) == (
         "jemalloc", "trainer.malloc")  # an explicit choice stands
     malloc, why = heap.choose("auto", "never", separate_process=True, cpu=False, dtype="fp32", memory_bytes=64 * GIB)

@@ -348,7 +348,8 @@ class TrainerGroup:
         # an allocator is chosen at a process's start: the ranks' processes are Ray's workers, started for this env
         t = self.cfg.trainer
         malloc, why = heap.choose(t.malloc, t.mmap_threshold_kb, separate_process=True,
-                                  cpu=self.cfg.trainer_device == "cpu", dtype=t.dtype)
+                                  cpu=self.cfg.trainer_device == "cpu", dtype=t.dtype,
+                                  lora=t.lora is not None)
         if malloc == "glibc" and t.malloc == "auto":
             logger.info("trainer.malloc auto: glibc (%s)", why)
         preload = heap.preload_env(malloc)

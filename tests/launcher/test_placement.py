@@ -145,6 +145,7 @@ async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_pa
     ({"dtype": "bf16"}, 24, "jemalloc", "; trainer.malloc auto: a bf16 trainer: glibc's heap fragments)"),
     ({"dtype": "fp32"}, 8, "jemalloc", "; trainer.malloc auto: an fp32 trainer and 8.0 GiB of memory, under 16"),
     ({"dtype": "fp32"}, 24, "glibc", "trainer.malloc auto: glibc (an fp32 trainer and 24.0 GiB of memory"),
+    ({"dtype": "fp32", "lora": {"r": 8}}, 24, "jemalloc", "; trainer.malloc auto: a LoRA trainer: the leaner heap"),
     ({"mmap_threshold_kb": 1024}, 24, "glibc", "trainer.malloc auto: glibc (trainer.mmap_threshold_kb 1024"),
     ({"device": "cuda"}, 24, "glibc", "trainer.malloc auto: glibc (a GPU trainer"),
 ])
