@@ -57,8 +57,8 @@ logger = logging.getLogger(__name__)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
 #: ``trainer.malloc: auto`` gives an fp32 CPU trainer glibc's faster heap on machines with at least this much memory
 #: (GiB; the machine's, or its memory cgroup's limit if lower), jemalloc's leaner one below: the fp32 demo's
-#: processes together hold ~7.7 GiB with the trainer on jemalloc and ~1.3 GiB more on glibc, so a 16 GB laptop
-#: (~15 GiB usable) and an 8 GiB box run it on jemalloc, a 24 GB machine on glibc
+#: processes together held 7.7 GiB of anonymous memory with the trainer on jemalloc, 9.8 on glibc (AVX2 EPYC), so a
+#: 16 GB laptop (~15 GiB usable) and an 8 GiB box run it on jemalloc, a 24 GB machine on glibc
 FAST_HEAP_MIN_GIB = 16.0
 MAX_TRIM = 2**31 - 1  # mallopt takes an int
 MAX_THRESHOLD = 32 * 2**20  # glibc refuses thresholds above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)
