@@ -33,14 +33,14 @@ in both. With purging off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) 
 do not turn it off.
 
 jemalloc's leaner heap is paid for in page faults: it returns freed pages to the kernel, and the next micro-batch's
-activations fault them back in. On an AVX2-only EPYC (fp32, the demo's RL step, two processes side by side) that
-was ~24 M minor faults and ~25 s of kernel time a step: a step 1.3x glibc's (``never``), whose fp32 heap levels off
-(6.7 GB against jemalloc's 5.4). So ``auto`` weighs the two by what the machine is (:func:`choose`): an fp32 CPU
-full fine-tuning trainer on a machine with at least :data:`FAST_HEAP_MIN_GIB` of memory (its memory cgroup's limit
-if lower, :func:`memory_limit_bytes`) gets glibc's faster heap; a bf16 trainer (glibc's heap grows without bound), a
-LoRA trainer (there to save memory) or a smaller machine gets jemalloc. Tried and dropped (docs/results.md): a longer decay, no oversize arena, transparent huge
-pages, lazy purging (``MADV_FREE``: more faults), and purging off with a purge after each step (as fast as glibc
-but a higher peak, 8.6 GB).
+activations fault them back in. On an AVX2-only EPYC (fp32, the demo's RL step, two processes side by side) that was
+~24 M minor faults and ~25 s of kernel time a step: a step 1.3x glibc's (``never``), whose fp32 heap levels off (6.7
+GB against jemalloc's 5.4). So ``auto`` weighs the two by what the machine is (:func:`choose`): an fp32 CPU full
+fine-tuning trainer on a machine with at least :data:`FAST_HEAP_MIN_GIB` of memory (its memory cgroup's limit if
+lower, :func:`memory_limit_bytes`) gets glibc's faster heap; a bf16 trainer (glibc's heap grows without bound), a
+LoRA trainer (there to save memory) or a smaller machine gets jemalloc. Tried and dropped (docs/results.md): a
+longer decay, no oversize arena, transparent huge pages, lazy purging (``MADV_FREE``: more faults), and purging off
+with a purge after each step (as fast as glibc but a higher peak, 8.6 GB).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Literal
@@ -179,8 +180,8 @@ def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int 
         return "glibc", f"trainer.mmap_threshold_kb {mmap_threshold_kb} shapes glibc's heap"
     fast_heap_candidate = dtype == "fp32" and not lora
     memory = memory_limit_bytes() if memory_bytes is None and fast_heap_candidate else memory_bytes
-    gib = memory / 2**30 if memory is not None else None
-    if fast_heap_candidate and gib is not None and gib >= FAST_HEAP_MIN_GIB:
+    gib = math.floor(memory / 2**30 * 10) / 10 if memory is not None else None  # down: "16.0" is never under 16
+    if fast_heap_candidate and memory is not None and memory >= FAST_HEAP_MIN_GIB * 2**30:
         return "glibc", (f"an fp32 trainer and {gib:.1f} GiB of memory: glibc's heap levels off in fp32 and spares "
                          f"jemalloc's page faults; below {FAST_HEAP_MIN_GIB:g} GiB jemalloc's leaner heap is chosen")
     why = _why_not_jemalloc()
@@ -189,8 +190,8 @@ def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int 
     if lora:
         return "jemalloc", "a LoRA trainer: the leaner heap (LoRA is there to save memory)"
     if dtype == "fp32":
-        return "jemalloc", (f"an fp32 trainer and {gib:.1f} GiB of memory, under {FAST_HEAP_MIN_GIB:g}: the leaner heap"
-                            if gib is not None else "the machine's memory is unknown: the leaner heap")
+        return "jemalloc", (f"an fp32 trainer and {gib:.1f} GiB of memory, under {FAST_HEAP_MIN_GIB:g}: the "
+                            "leaner heap" if gib is not None else "the machine's memory is unknown: the leaner heap")
     return "jemalloc", f"a {dtype} trainer: glibc's heap fragments" if dtype == "bf16" else "auto"
 
 
@@ -198,16 +199,17 @@ def memory_limit_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Pat
                        root: Path = Path("/sys/fs/cgroup")) -> int | None:
     """The memory this process may use: the machine's (``MemTotal``), or the limit of a memory cgroup it runs in
     (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, its own group's and its ancestors') if lower; None if
-    ``meminfo`` cannot be read."""
+    ``meminfo`` cannot be read. This machine's: on a cluster the trainer ranks may run on another node (set
+    ``trainer.malloc`` there), and the line does not scale with the model (measured on a 135M one)."""
     try:
         total = next(int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines()
                      if line.startswith("MemTotal:"))
-    except (OSError, StopIteration, ValueError, IndexError):
+    except (OSError, StopIteration, ValueError, IndexError):  # UnicodeDecodeError is a ValueError
         return None
     limits = [total]
     try:
         lines = cgroup.read_text().splitlines()
-    except OSError:
+    except (OSError, ValueError):
         lines = []
     for line in lines:
         parts = line.split(":", 2)
@@ -222,12 +224,10 @@ def memory_limit_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Pat
             continue
         group = Path(path.lstrip("/"))
         for level in [group, *group.parents]:
-            try:
-                text = (base / level / name).read_text().strip()
-            except OSError:
+            try:  # v2 says "max" where there is none; v1 a number near 2**63
+                limits.append(int((base / level / name).read_text().strip()))
+            except (OSError, ValueError):
                 continue
-            if text.isdigit():  # v2 says "max" where there is none; v1 a number near 2**63
-                limits.append(int(text))
     return min(limits)
 
 

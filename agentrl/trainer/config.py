@@ -187,8 +187,8 @@ class TrainerSettings(_Strict):
     # (the demo's trainer: -1.2 GB in fp32; in bf16 5.4 GB after 10 RL steps where glibc's was 8.8 and growing) for
     # 6-10 % more CPU a step (a Xeon; 1.3x the step on an AVX2 EPYC: page faults). auto (the default): jemalloc for
     # CPU trainers in Ray mode where the library is found and mmap_threshold_kb is left at never, but glibc for an
-    # fp32 full fine-tuning trainer on a machine with 16 GiB or more (fp32's glibc heap levels off); else glibc; the controller logs
-    # the choice. agentrl.heap
+    # fp32 full fine-tuning trainer on a machine with 16 GiB or more (fp32's glibc heap levels off); else glibc;
+    # the controller logs the choice. agentrl.heap
     malloc: Literal["auto", "glibc", "jemalloc"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(
