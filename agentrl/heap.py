@@ -167,9 +167,8 @@ def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int 
     full fine-tuning trainer (``dtype``, resolved; ``lora`` False: a LoRA run is there to save memory, and on glibc
     its trainer's peak was 0.53-0.57 of full fine-tuning's, on jemalloc 0.33) on a machine with
     :data:`FAST_HEAP_MIN_GIB` of memory or more (``memory_bytes``; None: :func:`memory_limit_bytes`), where glibc's
-    heap levels off and is the faster; else the system's
-    allocator ("glibc"). ``glibc`` and ``jemalloc`` are taken as given (:func:`preload_env` refuses a jemalloc that
-    cannot work)."""
+    heap levels off and is the faster; else the system's allocator ("glibc"). ``glibc`` and ``jemalloc`` are taken
+    as given (:func:`preload_env` refuses a jemalloc that cannot work)."""
     if malloc != "auto":
         return malloc, "trainer.malloc"
     if not separate_process:

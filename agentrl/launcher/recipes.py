@@ -60,8 +60,8 @@ DEMO: dict[str, Any] = {
     "env": {"name": "retool", "options": {"code_timeout_s": 5.0, "format_weight": 0.1}},
     # SGLang's KV pool of 8,192 tokens, not the 16,384 default: it is resident from the start (0.75 GB in fp32 at
     # 16,384), and the demo's 64 episodes at once, each group's prompt cached once for its 8 samples, held at most
-    # 1,848 tokens of it (an AVX2 EPYC run, seed 3, SGLang's decode log; nothing queued or retracted). Half the pool: -0.37 GB
-    # in fp32 (-0.18 in bf16), which brings the fp32 demo under 8 GiB (docs/results.md#the-demo)
+    # 1,848 tokens of it (an AVX2 EPYC run, seed 3, SGLang's decode log; nothing queued or retracted). Half the
+    # pool: -0.37 GB in fp32 (-0.18 in bf16), which brings the fp32 demo under 8 GiB (docs/results.md#the-demo)
     "engine": {"max_total_tokens": 8192},
     # shared_prefix: each group's ~86-token prompt runs once for its 8 responses, not 8 times (an RL step of
     # ~6,900 tokens: 147 s -> 77 s in fp32 on one EPYC core, same loss and gradients).
