@@ -226,6 +226,10 @@ def test_held_out_accuracy_was_evaluated_during_rl(smoke_run: Path):
     assert v1["version"] == 1 and v1["version_end"] in (1, 2) and v1["versions_changed"] == (v1["version_end"] != 1)
     assert v1["n"] + v1["errors"] == 2 and 0 < v1["t_rl_s"] < v1["t_run_s"]
     assert len(_jsonl(smoke_run / "eval_v1.jsonl")) == 2
+    # the SFT policy's evaluation ran beside RL's first rollouts (it starts once RL has started) and, holding
+    # weight loads back, on v0 to its end (its version is read when it ends)
+    sft = evals["sft"]
+    assert sft["version"] == 0 and 0 <= sft["t_rl_s"] < v1["t_rl_s"], sft
     curve = summary["heldout_curve"]
     assert [(p["label"], p["version"]) for p in curve] == [("sft", 0), ("v1", 1), ("after", 2)]
     assert curve[0]["t_rl_s"] == 0 and curve[1]["t_rl_s"] < curve[2]["t_rl_s"]

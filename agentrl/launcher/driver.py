@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -144,18 +145,34 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
         if (heldout and "sft" not in evals) or point is None or point.version == 0:
             await _first(rollout.load_version(0), trainers)
         timeline = Timeline(t_start)
-        if heldout and "sft" not in evals:
+        start_version = point.version if point is not None else 0
+        # the SFT policy's evaluation runs beside RL's first rollouts (on v0, which they generate with too: weight
+        # loads wait for it), not before them. Colocated, the phases take turns: it runs first. So does a resumed
+        # run's (interrupted during it), whose server loads the checkpoint's version after it
+        sft_due = heldout and "sft" not in evals
+        sft_beside_rl = sft_due and start_version == 0 and placement.placement != "colocated"
+        if sft_due and start_version > 0 and cfg.weight_sync.mode != "disk":
+            logger.warning("the sft held-out evaluation is not in evals.json and is skipped: v0 is no longer "
+                           "published (weight_sync: %s keeps only the trainer's newest weights)", cfg.weight_sync.mode)
+        elif sft_due and not sft_beside_rl:
             evals["sft"] = await _first(_evaluate(rollout, "sft", run_dir, timeline), trainers)
             _save_evals(run_dir, evals)
-        start_version = point.version if point is not None else 0
         if start_version > 0:  # the resumed trainer re-publishes it (re-exported if it was pruned)
             await _first(rollout.load_version(start_version), trainers)
         # groups the trainer still needs, less the complete groups waiting in the queue (carried from before)
         r = cfg.rollout.scheduler
         total_groups = max(0, (cfg.steps - start_version) * r.groups_per_step - carried // r.n_samples)
         t_rl = timeline.rl_start = time.monotonic()
+
+        async def sft_eval() -> None:
+            evals["sft"] = await _evaluate(rollout, "sft", run_dir, timeline, release_weights=True)
+            _save_evals(run_dir, evals)
+
+        if sft_beside_rl:
+            await _first(rollout.hold_weights(), trainers)
         async with evaluating_during(_mid_run_evals(cfg, rollout, run_dir, evals, timeline, start_version)):
-            rollout_stats = await _first(rollout.run(total_groups, cfg.steps), trainers)
+            rollout_stats = await _first(_beside(rollout.run(total_groups, cfg.steps),
+                                                 sft_eval() if sft_beside_rl else None), trainers)
         await trainers.wait()
         rl_wall_s = time.monotonic() - t_rl
         await rollout.trainer_finished(cfg.steps)  # servers restarted from here on cannot ask the trainer
@@ -204,13 +221,31 @@ async def _rewind(cfg: RunConfig, client: Any, point: ResumePoint) -> int:
     return carried
 
 
-async def _evaluate(rollout: Any, label: str, run_dir: Path, timeline: Timeline | None = None) -> dict[str, Any]:
+async def _beside(run: Awaitable[Any], other: Awaitable[None] | None) -> Any:
+    """``run``'s result, with ``other`` (None: nothing) running beside it and awaited too; if either fails, the
+    other is cancelled and the error raised."""
+    if other is None:
+        return await run
+    tasks = [asyncio.ensure_future(other), asyncio.ensure_future(run)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return tasks[1].result()
+
+
+async def _evaluate(rollout: Any, label: str, run_dir: Path, timeline: Timeline | None = None, *,
+                    release_weights: bool = False) -> dict[str, Any]:
     """A held-out evaluation on the rollout side; its records come back to be written here. With ``timeline``,
-    the figures carry the evaluation's start (as every point of the held-out curve does)."""
+    the figures carry the evaluation's start (as every point of the held-out curve does). ``release_weights``: it
+    ends the hold ``rollout.hold_weights()`` took (``RolloutWorker.evaluate_heldout``)."""
     from agentrl.launcher.heldout import write_records
 
     stamp = timeline.stamp() if timeline is not None else {}
-    figures, records = await rollout.evaluate_heldout(label)
+    figures, records = await rollout.evaluate_heldout(label, release_weights=release_weights)
     write_records(run_dir / f"eval_{label}.jsonl", records)
     return {**figures, **stamp}
 

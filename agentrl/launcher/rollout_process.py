@@ -73,6 +73,45 @@ class RolloutLog:
                 f.write(json.dumps(record) + "\n")
 
 
+class WeightHold:
+    """The registry as the rollout scheduler follows it, with loads held back while an evaluation must finish on
+    the weights it started with (the ``sft`` evaluation beside RL's first rollouts: the controller takes the hold
+    before it starts either, the evaluation releases it when it ends). The scheduler waits here before it pauses
+    the engine, so the held evaluation keeps generating; once released it gets the newest version (one published
+    before may have been pruned meanwhile)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+        self._holders = 0
+        self._free = asyncio.Event()
+        self._free.set()
+
+    @property
+    def held(self) -> bool:
+        return self._holders > 0
+
+    def take(self) -> None:
+        self._holders += 1
+        self._free.clear()
+
+    def release(self) -> None:
+        if self._holders == 0:
+            raise RuntimeError("released a weight hold nobody took")
+        self._holders -= 1
+        if self._holders == 0:
+            self._free.set()
+
+    async def wait_for(self, version: int, *, timeout_s: float) -> WeightVersion:
+        """The registry's ``wait_for``, answered once no evaluation holds the weights (an evaluation is bounded by
+        its requests' deadlines, so this wait is too)."""
+        wv = await self.registry.wait_for(version, timeout_s=timeout_s)
+        if not self.held:
+            return wv
+        logger.info("weight version %d waits for the held-out evaluation on the served weights", wv.version)
+        await self._free.wait()
+        return await self.registry.wait_for(version, timeout_s=timeout_s)
+
+
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str, *, memory: MemorySampler | None = None) -> None:
         """``memory``: the sampler of the process this worker runs in, when it has one (debug mode: the
@@ -92,6 +131,7 @@ class RolloutWorker:
         self.memory = memory or MemorySampler()
         self._busy = 0  # held-out evaluations and weight loads running (groups are the scheduler's count)
         self._beacon: IdleBeacon | None = None  # resources.trainer_borrows_idle_cores
+        self.weights: WeightHold | None = None  # the registry as the scheduler follows it
 
     async def start(self) -> str:
         """Start everything the rollout side needs; returns the engine URL."""
@@ -127,6 +167,7 @@ class RolloutWorker:
         stack.push_async_callback(self.queue.aclose)
         self.registry = WeightRegistry(handle.client, registry_namespace(cfg.name))
         stack.push_async_callback(self.registry.aclose)
+        self.weights = WeightHold(self.registry)
         self.channel = SyncChannel(handle.client, registry_namespace(cfg.name))  # weight_sync: distributed/tensor
         self.resources = await make_env_resources(cfg, stack)
         for server in self._servers:  # each server's whole tree (launcher, scheduler, detokenizer, …), then the rest
@@ -287,22 +328,36 @@ class RolloutWorker:
         await self.client.update_weights(wv.path, wv.version)
         return wv.version
 
-    async def evaluate_heldout(self, label: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def hold_weights(self) -> None:
+        """Load no new version until an evaluation started with ``release_weights`` has ended (:class:`WeightHold`):
+        taken by the controller before it starts that evaluation and the rollouts, so neither order can slip."""
+        assert self.weights is not None, "start() first"
+        self.weights.take()
+
+    async def evaluate_heldout(self, label: str, *, release_weights: bool = False
+                               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Greedy held-out evaluation on the engine's current weights: the figures and one record per task, which
-        the controller writes to ``eval_<label>.jsonl`` (this node may share no directory with it)."""
-        assert self.resources is not None, "start() first"
-        tasks = heldout_tasks(self.cfg)
-        logger.info("held-out eval %s starts: %d tasks", label, len(tasks))
-        async with self._working():
-            figures, records = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
-                                                  resources=self.resources)
-        result = {"label": label, "version": await self.client.weight_version() if self.client else None,
-                  **figures}
+        the controller writes to ``eval_<label>.jsonl`` (this node may share no directory with it). Its
+        ``version`` is the one served at its end. ``release_weights``: release the hold :meth:`hold_weights` took
+        (also if it fails), so that all of it ran on the weights served at its start."""
+        assert self.resources is not None and self.weights is not None, "start() first"
+        try:
+            tasks = heldout_tasks(self.cfg)
+            logger.info("held-out eval %s starts: %d tasks%s", label, len(tasks),
+                        " (weight loads wait for it)" if release_weights else "")
+            async with self._working():
+                figures, records = await heldout_eval(self.cfg, tasks, engine=self.engine, tokenizer=self.tok,
+                                                      resources=self.resources)
+                version = await self.client.weight_version() if self.client else None
+        finally:
+            if release_weights:
+                self.weights.release()
+        result = {"label": label, "version": version, **figures}
         logger.info("held-out eval %s: %s", label, result)
         return result, records
 
     async def run(self, total_groups: int, final_version: int) -> dict[str, Any]:
-        assert self.client is not None, "start() first"
+        assert self.client is not None and self.weights is not None, "start() first"
         r = self.cfg.rollout
         d = self.cfg.data
         tasks = tasks_from(d.train, seed=self.cfg.seed, prompt_key=d.prompt_key, answer_key=d.answer_key)
@@ -317,7 +372,7 @@ class RolloutWorker:
             sink, load = handover, handover.load_weights
         self.scheduler = RolloutScheduler(
             runner=self._runner(), engine=self.client, make_env=self._make_env, env_name=self.cfg.env.name,
-            tasks=tasks, sink=sink, weights=self.registry, config=r.scheduler,
+            tasks=tasks, sink=sink, weights=self.weights, config=r.scheduler,
             initial_version=await self.client.weight_version(),
             on_group=RolloutLog(self.run_dir / "rollouts.jsonl", self.cfg.log_rollouts)
             if self.cfg.log_rollouts != "none" else None,
