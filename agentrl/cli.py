@@ -68,6 +68,8 @@ def _run(config_path: Path | None, overrides: list[str], base: dict | None, pref
 @app.command()
 def demo(
     smoke: Annotated[bool, typer.Option("--smoke", help="tiny random model, 2 RL steps, a few minutes")] = False,
+    lora: Annotated[bool, typer.Option("--lora", help="train LoRA adapters (r 16) instead of the whole model, "
+                                                      "with LoRA's learning rates")] = False,
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. steps=3")] = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
@@ -77,9 +79,13 @@ def demo(
     """The main job on embedded defaults: ReTool-style cold-start SFT, then async RL with a code interpreter."""
     from agentrl.launcher import recipes
 
+    if smoke and lora:
+        raise typer.BadParameter("--smoke and --lora do not go together: the rates --lora sets are the 135M model's "
+                                 "(set trainer.lora.r=… and the rates with --smoke yourself)")
     _setup_logging(verbose)
-    _run(None, _with_debug(overrides, debug), recipes.SMOKE if smoke else recipes.DEMO, "smoke" if smoke else "demo",
-         resume=resume, overwrite=overwrite)
+    base, prefix = ((recipes.SMOKE, "smoke") if smoke else (recipes.DEMO_LORA, "demo-lora") if lora
+                    else (recipes.DEMO, "demo"))
+    _run(None, _with_debug(overrides, debug), base, prefix, resume=resume, overwrite=overwrite)
 
 
 @app.command()

@@ -6,7 +6,8 @@ It runs ``agentrl demo`` as the user would (its own process, every override pass
 or trailing ``key=value``), in a run directory under a temporary directory (removed afterwards: checkpoints are
 1.7 GB each) or ``--run-dir`` (kept), then reads its ``summary.json``. ``--quick`` checks that the script runs:
 ``agentrl demo --smoke`` (the tiny random model, 2 RL steps) with 4 held-out problems evaluated at every version;
-the tiny model never answers right, so its times are ``none``.
+the tiny model never answers right, so its times are ``none``. ``--lora`` runs ``agentrl demo --lora`` (the demo
+training LoRA adapters); the line then says ``lora=r16`` (``none``: full fine-tuning).
 
 A single run, not a comparison: there is no floor to alternate with (the figure is the run's own), and one run's
 time varies with the seed (docs/results.md#the-demo). The times are the start of the first evaluation from SFT on
@@ -44,9 +45,11 @@ from _common import environment, last_line  # this folder's
 QUICK = ["data.num_heldout=4", "data.heldout_every=1"]  # the smoke recipe evaluates nothing held out by itself
 
 
-def command(run_dir: Path, overrides: list[str], *, quick: bool) -> list[str]:
-    """``agentrl demo`` in ``run_dir`` (its ``runs_dir`` and ``name``) with ``overrides`` last (they win)."""
+def command(run_dir: Path, overrides: list[str], *, quick: bool, lora: bool = False) -> list[str]:
+    """``agentrl demo`` (``--lora``: its LoRA recipe) in ``run_dir`` (its ``runs_dir`` and ``name``) with
+    ``overrides`` last (they win)."""
     return [sys.executable, "-m", "agentrl.cli", "demo", *(["--smoke"] if quick else []),
+            *(["--lora"] if lora else []),
             f"runs_dir={run_dir.parent}", f"name={run_dir.name}", "monitor.live=false",
             *(QUICK if quick else []), *overrides]
 
@@ -121,21 +124,23 @@ class MemoryLimit:
 
 
 def run_settings(run_dir: Path) -> dict[str, Any]:
-    """What the run resolved (``config.yaml`` records it): the precisions and ``data.heldout_every``."""
+    """What the run resolved (``config.yaml`` records it): the precisions, ``data.heldout_every`` and LoRA's rank
+    (``lora=r16``; ``none``: full fine-tuning)."""
     from agentrl.launcher.config import load_config
 
     try:
         cfg = load_config(run_dir / "config.yaml")
     except Exception as exc:  # the footer says so rather than failing after a 45-minute run
-        return {"heldout_every": "unknown", "dtype": f"unknown({type(exc).__name__})"}
-    return {"heldout_every": cfg.data.heldout_every,
+        return {"heldout_every": "unknown", "lora": "unknown", "dtype": f"unknown({type(exc).__name__})"}
+    lora = cfg.trainer.lora
+    return {"heldout_every": cfg.data.heldout_every, "lora": "none" if lora is None else f"r{lora.r}",
             "dtype": f"engine:{cfg.engine.server.dtype},trainer:{cfg.trainer.dtype}"}
 
 
 def measure(run_dir: Path, overrides: list[str], *, quick: bool, timeout_s: float,
-            memory_limit_gb: float | None = None) -> tuple[dict[str, Any], str]:
+            memory_limit_gb: float | None = None, lora: bool = False) -> tuple[dict[str, Any], str]:
     """Run the demo (its output goes to stderr, so stdout ends with the figures); its figures and precisions."""
-    cmd = command(run_dir, overrides, quick=quick)
+    cmd = command(run_dir, overrides, quick=quick, lora=lora)
     print("running:", " ".join(cmd), file=sys.stderr, flush=True)
     limit = MemoryLimit(memory_limit_gb) if memory_limit_gb is not None else None
     t0 = time.monotonic()
@@ -154,7 +159,8 @@ def measure(run_dir: Path, overrides: list[str], *, quick: bool, timeout_s: floa
         print(f"{p['label']:>6} v{p['version']}: accuracy {p['accuracy']:.3f}, t_rl_s {p.get('t_rl_s')}, "
               f"t_run_s {p.get('t_run_s')}", flush=True)
     settings = run_settings(run_dir)
-    return {**figures(summary, wall_s), "heldout_every": settings["heldout_every"], **cgroup}, settings["dtype"]
+    return ({**figures(summary, wall_s), "heldout_every": settings["heldout_every"], "lora": settings["lora"],
+             **cgroup}, settings["dtype"])
 
 
 def main() -> None:
@@ -167,6 +173,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="agentrl demo --smoke with 4 held-out problems at every version: a check that this runs "
                          "(a few minutes), not a figure")
+    ap.add_argument("--lora", action="store_true",
+                    help="agentrl demo --lora: the demo training LoRA adapters (with --quick: refused)")
     ap.add_argument("--memory-limit-gb", type=float, metavar="X",
                     help="run the demo and all it starts in a memory cgroup of X GiB (cgroup v1; see above)")
     ap.add_argument("--timeout-s", type=float, default=3 * 3600.0, help="the demo's deadline (default 3 h)")
@@ -175,14 +183,16 @@ def main() -> None:
     bad = [o for o in overrides if "=" not in o]
     if bad:
         ap.error(f"overrides are key=value, got {bad}")
+    if args.quick and args.lora:
+        ap.error("--quick runs agentrl demo --smoke, which --lora does not go with")
     env = environment(packages=("sglang", "torch", "transformers", "ray"))
     if args.run_dir is not None:
         got, dtype = measure(args.run_dir.resolve(), overrides, quick=args.quick, timeout_s=args.timeout_s,
-                            memory_limit_gb=args.memory_limit_gb)
+                            memory_limit_gb=args.memory_limit_gb, lora=args.lora)
     else:
         with tempfile.TemporaryDirectory(prefix="time_to_accuracy-") as tmp:
             got, dtype = measure(Path(tmp) / "tta", overrides, quick=args.quick, timeout_s=args.timeout_s,
-                                 memory_limit_gb=args.memory_limit_gb)
+                                 memory_limit_gb=args.memory_limit_gb, lora=args.lora)
     print(last_line({**got, "quick": int(args.quick)}, {**env, "dtype": dtype}))
 
 

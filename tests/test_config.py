@@ -18,10 +18,38 @@ from agentrl.trainer import LoraConfig, LossConfig, OptimizerConfig, TrainerSett
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("recipe", [recipes.SMOKE, recipes.DEMO])
+@pytest.mark.parametrize("recipe", [recipes.SMOKE, recipes.DEMO, recipes.DEMO_LORA])
 def test_embedded_recipes_validate(recipe):
     cfg = load_config(None, ["name=x"], base=recipe)
     assert cfg.name == "x" and cfg.steps >= 1
+
+
+def test_the_lora_demo_is_the_demo_with_adapters_and_lora_s_rates():
+    demo, lora = load_config(None, base=recipes.DEMO), load_config(None, base=recipes.DEMO_LORA)
+    assert demo.trainer.lora is None and recipes.DEMO["trainer"]["optimizer"]["lr"] == 3e-5  # DEMO left as it was
+    assert (lora.trainer.lora.r, lora.trainer.lora.alpha, lora.trainer.lora.target_modules) == (16, 32.0, "all-linear")
+    assert lora.trainer.optimizer.lr == 2e-4 and (lora.sft.steps, lora.sft.lr) == (8, 1e-3)
+    # everything else is the demo's: the schedule, the loss, the rollout, the data
+    assert lora.trainer.optimizer.schedule == "cosine" and lora.trainer.optimizer.min_lr_ratio == 0.1
+    assert lora.trainer.loss == demo.trainer.loss and lora.rollout == demo.rollout and lora.data == demo.data
+    assert lora.sft.num_traces == demo.sft.num_traces and lora.model == demo.model
+    # the user's overrides still win
+    assert load_config(None, ["trainer.lora.r=8"], base=recipes.DEMO_LORA).trainer.lora.r == 8
+
+
+def test_agentrl_demo_lora_runs_the_lora_recipe_and_refuses_smoke(monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentrl import cli
+
+    calls = []
+    monkeypatch.setattr(cli, "_run", lambda path, overrides, base, prefix, **kw: calls.append((base, prefix, overrides)))
+    assert CliRunner().invoke(cli.app, ["demo", "--lora", "seed=1"]).exit_code == 0
+    assert calls == [(recipes.DEMO_LORA, "demo-lora", ["seed=1"])]
+    assert CliRunner().invoke(cli.app, ["demo"]).exit_code == 0 and calls[-1][:2] == (recipes.DEMO, "demo")
+    refused = CliRunner().invoke(cli.app, ["demo", "--smoke", "--lora"])
+    assert refused.exit_code == 2 and "--smoke and --lora do not go together" in refused.output
+    assert len(calls) == 2
 
 
 def test_example_configs_validate():

@@ -20,6 +20,21 @@ def test_the_demo_runs_in_the_run_directory_with_the_overrides_last(tmp_path: Pa
     assert f"runs_dir={tmp_path}" in cmd and "name=tta" in cmd and "data.num_heldout=4" in cmd
     assert cmd[-2:] == ["seed=1", "data.heldout_every=2"]  # after the quick defaults: they win
     assert "--smoke" not in time_to_accuracy.command(tmp_path / "tta", [], quick=False)
+    lora = time_to_accuracy.command(tmp_path / "tta", ["seed=1"], quick=False, lora=True)
+    assert lora[3:5] == ["demo", "--lora"] and lora[-1] == "seed=1"
+
+
+def test_the_settings_name_the_lora_rank_and_the_precisions(tmp_path: Path) -> None:
+    from agentrl.launcher import recipes
+    from agentrl.launcher.config import load_config, save_config
+
+    for base, want in ((recipes.DEMO, "none"), (recipes.DEMO_LORA, "r16")):
+        save_config(load_config(None, ["engine.dtype=float32", "trainer.dtype=fp32"], base=base),
+                    tmp_path / "config.yaml")
+        got = time_to_accuracy.run_settings(tmp_path)
+        assert got == {"heldout_every": 5, "lora": want, "dtype": "engine:float32,trainer:fp32"}
+    (tmp_path / "config.yaml").write_text("trainer: [")  # unreadable: said, not raised after a long run
+    assert time_to_accuracy.run_settings(tmp_path)["lora"] == "unknown"
 
 
 def test_the_last_line_says_none_when_never_reached() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.overrides import merge
+
 #: `agentrl demo --smoke`: the tiny random model, a short cold-start SFT so it writes <code> blocks, 2 RL steps.
 SMOKE: dict[str, Any] = {
     "model": "tiny",
@@ -92,3 +94,17 @@ DEMO: dict[str, Any] = {
     # benchmarks/engine_borrow_bench.py)
     "resources": {"rollout_cores": [0], "trainer_cores": [1], "engine_borrows_idle_cores": "auto"},
 }
+
+#: `agentrl demo --lora`: the demo training LoRA adapters (r 16, alpha 32, every linear layer of the decoder) in
+#: cold-start SFT and RL, with the rates LoRA needs. SFT: at full fine-tuning's 1e-4 its 4 steps taught the adapters
+#: nothing (held-out 0.0); at 2e-3 for 4 steps the greedy answers carried junk after the code (0.10); 1e-3 for 8
+#: steps gave 0.55-0.70. RL: 2e-4 (~7x full fine-tuning's 3e-5; the recipe's cosine decay applies). Activation
+#: checkpointing stays `auto` (off for the demo's 1,024-token micro-batches: ~1 GB of activations); `true` saves
+#: ~0.5-0.9 GB more of the trainer's peak for ~13 % more a step. On an AVX2 EPYC (seed 0): held-out 0.70 -> 0.925,
+#: the trainer at 2.98 GB (full fine-tuning there 6.33), the whole demo 5.85 GiB of anonymous memory
+#: (docs/results.md#lora-vs-full-fine-tuning-issue-24-item-5)
+LORA: dict[str, Any] = {
+    "sft": {"steps": 8, "lr": 1e-3},
+    "trainer": {"lora": {"r": 16, "alpha": 32.0}, "optimizer": {"lr": 2e-4}},
+}
+DEMO_LORA: dict[str, Any] = merge(DEMO, LORA)
