@@ -48,7 +48,7 @@ def test_agentrl_demo_lora_runs_the_lora_recipe_and_refuses_smoke(monkeypatch):
     assert calls == [(recipes.DEMO_LORA, "demo-lora", ["seed=1"])]
     assert CliRunner().invoke(cli.app, ["demo"]).exit_code == 0 and calls[-1][:2] == (recipes.DEMO, "demo")
     refused = CliRunner().invoke(cli.app, ["demo", "--smoke", "--lora"])
-    assert refused.exit_code == 2 and "--smoke and --lora do not go together" in refused.output
+    assert refused.exit_code == 2 and "do not go together" in refused.output  # (typer may colour the flags)
     assert len(calls) == 2
 
 

@@ -41,7 +41,7 @@ from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.placement import nodes, place
 from agentrl.launcher.preflight import check_run
 from agentrl.launcher.resources import sft_traces_file
-from agentrl.launcher.rundir import ResumePoint, claim_run_dir
+from agentrl.launcher.rundir import ResumePoint, check_same_run, claim_run_dir
 from agentrl.launcher.trackers import make_trackers
 from agentrl.queue import connect_redis
 from agentrl.tokenizer import ChatTokenizer
@@ -103,6 +103,8 @@ async def run_training(cfg: RunConfig, *, resume: bool = False, overwrite: bool 
     run_dir = cfg.run_dir().resolve()
     lock, point = claim_run_dir(run_dir, resume=resume, overwrite=overwrite)
     try:
+        if point is not None:
+            check_same_run(run_dir, cfg)
         return await _run(cfg, run_dir, base_model, point, placement)
     finally:
         lock.close()

@@ -8,6 +8,11 @@ the user says what they mean:
   forgotten (their steps are trained again), and the rollout side produces only the groups still missing;
 - ``--overwrite``: delete the directory and start clean.
 
+A resumed run must be the same run: its model and LoRA settings are compared with the ``config.yaml`` the run wrote
+(:func:`check_same_run`) before anything starts, since its checkpoint and ``weights/v0`` hold what those made (a
+resume of `agentrl demo --lora` without ``--lora`` would otherwise go on as full fine-tuning, silently while
+there is no checkpoint yet). Other settings (``steps``, rates, resources, …) may change on resume.
+
 While a run uses its directory, the driver holds an exclusive lock on ``.agentrl.lock``: a second driver
 (resume, overwrite or a plain start) is refused with the pid of the one running.
 """
@@ -16,13 +21,19 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentrl.launcher.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".agentrl.lock"
 
@@ -106,6 +117,38 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> tuple[RunD
     except BaseException:
         lock.close()
         raise
+
+
+#: what a resumed run may not change: the run's checkpoints, ``weights/`` and SFT were made with them
+SAME_RUN_KEYS = ("model", "trainer.lora")
+
+
+def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
+    """Refuse to resume the run in ``run_dir`` with another model or other LoRA settings than it was started with
+    (its ``config.yaml``); a ``config.yaml`` this version cannot read is warned about, not refused."""
+    from agentrl.launcher.config import load_config
+
+    try:
+        old = load_config(run_dir / "config.yaml")
+    except ConfigError as exc:
+        logger.warning("--resume: cannot compare with the run's config.yaml (%s); resuming with the given settings",
+                       str(exc).splitlines()[0])
+        return
+    changed = []
+    for key in SAME_RUN_KEYS:
+        was, now = old, cfg
+        for part in key.split("."):
+            was, now = getattr(was, part), getattr(now, part)
+        if was != now:
+            changed.append(f"{key} was {_said(was)}, now {_said(now)}")
+    if changed:
+        raise ConfigError(f"--resume: {run_dir} was started with other settings ({'; '.join(changed)}): resume "
+                          "with the command and overrides that started it (`agentrl demo --lora` for a LoRA demo)")
+
+
+def _said(value: object) -> str:
+    dump = getattr(value, "model_dump", None)
+    return json.dumps(dump() if dump is not None else value, default=str)
 
 
 def _clear(run_dir: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.launcher.rundir import LOCK_FILE, RunDirLock, claim_run_dir, resume_point
+from agentrl.launcher.rundir import LOCK_FILE, RunDirLock, check_same_run, claim_run_dir, resume_point
 
 
 def used_run(run_dir: Path, checkpoints: dict[int, int] | None = None) -> Path:
@@ -79,3 +79,25 @@ def test_a_directory_in_use_is_refused_even_with_a_flag(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     RunDirLock(run).close()  # released when its holder died
+
+
+def test_a_resume_with_another_model_or_other_lora_settings_is_refused(tmp_path: Path, caplog) -> None:
+    from agentrl.launcher import recipes
+    from agentrl.launcher.config import load_config, save_config
+
+    save_config(load_config(None, ["name=x"], base=recipes.DEMO_LORA), tmp_path / "config.yaml")
+    # the same run with more steps and another rate: resumed
+    check_same_run(tmp_path, load_config(None, ["name=x", "steps=40", "trainer.optimizer.lr=1e-4"],
+                                         base=recipes.DEMO_LORA))
+    with pytest.raises(ConfigError) as info:  # `agentrl demo --resume` without --lora
+        check_same_run(tmp_path, load_config(None, ["name=x"], base=recipes.DEMO))
+    text = str(info.value)
+    assert "trainer.lora was {" in text and '"r": 16' in text and "now null" in text and "--lora" in text
+    with pytest.raises(ConfigError, match=r"trainer.lora was .*\"r\": 16.*now .*\"r\": 8"):
+        check_same_run(tmp_path, load_config(None, ["name=x", "trainer.lora.r=8"], base=recipes.DEMO_LORA))
+    with pytest.raises(ConfigError, match='model was "smollm2-135m-instruct", now "tiny"') as info:
+        check_same_run(tmp_path, load_config(None, ["name=x", "model=tiny"], base=recipes.DEMO_LORA))
+    assert "trainer.lora" not in str(info.value)
+    (tmp_path / "config.yaml").write_text("trainer: {no_such_key: 1}\n")  # an older version's: said, not refused
+    check_same_run(tmp_path, load_config(None, ["name=x"], base=recipes.DEMO))
+    assert "cannot compare with the run's config.yaml" in caplog.text
