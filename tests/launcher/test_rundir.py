@@ -101,3 +101,22 @@ def test_a_resume_with_another_model_or_other_lora_settings_is_refused(tmp_path:
     (tmp_path / "config.yaml").write_text("trainer: {no_such_key: 1}\n")  # an older version's: said, not refused
     check_same_run(tmp_path, load_config(None, ["name=x"], base=recipes.DEMO))
     assert "cannot compare with the run's config.yaml" in caplog.text
+
+
+def test_run_training_refuses_the_resume_before_starting_anything(tmp_path: Path, tiny_model_path: Path) -> None:
+    import asyncio
+
+    from agentrl.launcher import recipes
+    from agentrl.launcher.config import load_config, save_config
+    from agentrl.launcher.driver import run_training
+
+    overrides = ["name=x", f"runs_dir={tmp_path}", f"model={tiny_model_path}"]
+    run_dir = tmp_path / "x"
+    run_dir.mkdir()
+    save_config(load_config(None, [*overrides, "trainer.lora.r=8"], base=recipes.SMOKE), run_dir / "config.yaml")
+    with pytest.raises(ConfigError, match="trainer.lora was .* now null"):
+        asyncio.run(run_training(load_config(None, overrides, base=recipes.SMOKE), resume=True))
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE, "config.yaml"]  # nothing started or written
+    assert "lora" in (run_dir / "config.yaml").read_text()  # the run's own config kept
+    lock, _ = claim_run_dir(run_dir, resume=True, overwrite=False)  # and the directory released
+    lock.close()
