@@ -119,10 +119,6 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> tuple[RunD
         raise
 
 
-#: what a resumed run may not change: the run's checkpoints, ``weights/`` and SFT were made with them
-SAME_RUN_KEYS = ("model", "trainer.lora")
-
-
 def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
     """Refuse to resume the run in ``run_dir`` with another model or other LoRA settings than it was started with
     (its ``config.yaml``); a ``config.yaml`` this version cannot read is warned about, not refused."""
@@ -134,13 +130,9 @@ def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
         logger.warning("--resume: cannot compare with the run's config.yaml (%s); resuming with the given settings",
                        str(exc).splitlines()[0])
         return
-    changed = []
-    for key in SAME_RUN_KEYS:
-        was, now = old, cfg
-        for part in key.split("."):
-            was, now = getattr(was, part), getattr(now, part)
-        if was != now:
-            changed.append(f"{key} was {_said(was)}, now {_said(now)}")
+    # what a resumed run may not change: the run's checkpoints, ``weights/`` and SFT were made with them
+    kept = {"model": (old.model, cfg.model), "trainer.lora": (old.trainer.lora, cfg.trainer.lora)}
+    changed = [f"{key} was {_said(was)}, now {_said(now)}" for key, (was, now) in kept.items() if was != now]
     if changed:
         raise ConfigError(f"--resume: {run_dir} was started with other settings ({'; '.join(changed)}): resume "
                           "with the command and overrides that started it (`agentrl demo --lora` for a LoRA demo)")
