@@ -64,7 +64,7 @@ def mid_run_label(version: int) -> str:
     return f"v{version}"
 
 
-def _is_mid_run(label: str) -> bool:
+def is_mid_run(label: str) -> bool:
     return label.startswith("v") and label[1:].isdigit()
 
 
@@ -146,17 +146,19 @@ async def evaluating_during(evals: MidRunEvals | None) -> AsyncIterator[None]:
 
 
 def heldout_curve(evals: dict[str, Any]) -> list[dict[str, Any]]:
-    """The held-out accuracy over time: ``sft`` (t_rl_s 0), the scored mid-run evaluations by version, ``after``."""
+    """The held-out accuracy over time: ``sft`` (t_rl_s 0), the scored mid-run evaluations by version, ``after``.
+    Each point's ``version`` is the one served when its evaluation started, ``version_end`` when it ended (the same
+    where the weights did not change meanwhile, or where the record has no end: ``sft`` and ``after``)."""
 
     def point(label: str, e: dict[str, Any], **times: Any) -> dict[str, Any]:
-        return {"label": label, "version": e.get("version"), "accuracy": e["accuracy"],
-                "reward_mean": e.get("reward_mean"), "t_rl_s": e.get("t_rl_s"), "t_run_s": e.get("t_run_s"),
-                **times}
+        return {"label": label, "version": e.get("version"), "version_end": e.get("version_end", e.get("version")),
+                "accuracy": e["accuracy"], "reward_mean": e.get("reward_mean"), "t_rl_s": e.get("t_rl_s"),
+                "t_run_s": e.get("t_run_s"), **times}
 
     curve = []
     if "sft" in evals:
         curve.append(point("sft", evals["sft"], t_rl_s=0.0))
-    mid = [(k, e) for k, e in evals.items() if _is_mid_run(k) and not e.get("failed")]
+    mid = [(k, e) for k, e in evals.items() if is_mid_run(k) and not e.get("failed")]
     curve += [point(k, e) for k, e in sorted(mid, key=lambda ke: ke[1]["version"])]
     if "after" in evals:
         curve.append(point("after", evals["after"]))
@@ -180,4 +182,4 @@ def curve_figures(evals: dict[str, Any]) -> dict[str, Any]:
     return {"heldout_curve": curve,
             f"time_to_heldout_{TARGET_ACCURACY}_s": time_to_accuracy(curve, TARGET_ACCURACY, "t_run_s"),
             f"time_to_heldout_{TARGET_ACCURACY}_rl_s": time_to_accuracy(curve, TARGET_ACCURACY, "t_rl_s"),
-            "heldout_evals_failed": sum(1 for k, e in evals.items() if _is_mid_run(k) and e.get("failed"))}
+            "heldout_evals_failed": sum(1 for k, e in evals.items() if is_mid_run(k) and e.get("failed"))}

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.launcher.config import RunConfig
-from agentrl.launcher.heldout_curve import TARGET_ACCURACY, curve_figures
+from agentrl.launcher.heldout_curve import TARGET_ACCURACY, curve_figures, is_mid_run
 from agentrl.launcher.memory import report_line
 
 logger = logging.getLogger(__name__)
@@ -133,11 +133,17 @@ def _curve_lines(summary: dict[str, Any]) -> list[str]:
     lines = [f"Time to held-out accuracy {target} (the first evaluation after SFT that reached it, at its start): "
              f"{reached}.", "", "| policy | version | accuracy | reward | t RL s | t run s |", "|---|---|---|---|---|---|"]
     for p in curve:
-        lines.append(f"| {p['label']} | {p['version']} | {p['accuracy']:.3f} | {p.get('reward_mean') or 0:.3f} | "
+        lines.append(f"| {p['label']} | {_versions(p)} | {p['accuracy']:.3f} | {p.get('reward_mean') or 0:.3f} | "
                      f"{_seconds(p.get('t_rl_s'))} | {_seconds(p.get('t_run_s'))} |")
     if summary.get("heldout_evals_failed"):
         lines += ["", f"{summary['heldout_evals_failed']} evaluation(s) during RL failed (evals.json)."]
     return [*lines, ""]
+
+
+def _versions(point: dict[str, Any]) -> str:
+    """The weight version(s) an evaluation ran on: ``10`` or, where new weights were loaded during it, ``10-12``."""
+    start, end = point.get("version"), point.get("version_end")
+    return f"{start}" if end is None or end == start else f"{start}-{end}"
 
 
 def _seconds(value: float | None) -> str:
@@ -145,10 +151,14 @@ def _seconds(value: float | None) -> str:
 
 
 def _per_wording(run_dir: Path) -> list[str]:
-    """Held-out accuracy per problem wording (the demo's arithmetic templates), for each evaluated policy."""
+    """Held-out accuracy per problem wording (the demo's arithmetic templates), for each evaluated policy: the base
+    model, SFT, the evaluations during RL by version (``eval_v<N>.jsonl``; their versions may span a few, see the
+    curve above) and RL's end."""
     from agentrl.data.arithmetic import FAMILIES, template_of
 
-    labels = [(k, n) for k, n in (("before", "base"), ("sft", "SFT"), ("after", "RL"))
+    mid = sorted((int(f.stem[len("eval_v"):]), f.stem[len("eval_"):]) for f in run_dir.glob("eval_v*.jsonl")
+                 if is_mid_run(f.stem[len("eval_"):]))  # the evaluations during RL, by version
+    labels = [(k, n) for k, n in (("before", "base"), ("sft", "SFT"), *((k, k) for _, k in mid), ("after", "RL"))
               if (run_dir / f"eval_{k}.jsonl").exists()]
     counts: dict[str, dict[str, list[int]]] = {}
     for label, _ in labels:

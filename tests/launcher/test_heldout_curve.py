@@ -177,8 +177,9 @@ def test_curve_and_time_to_accuracy() -> None:
     curve = heldout_curve(evals)
     assert [(p["label"], p["version"], p["t_rl_s"]) for p in curve] == [
         ("sft", 0, 0.0), ("v5", 5, 100.0), ("v10", 10, 200.0), ("after", 15, 300.0)]
-    assert curve[0]["t_run_s"] == 30.0 and set(curve[1]) == {"label", "version", "accuracy", "reward_mean", "t_rl_s",
-                                                            "t_run_s"}
+    assert curve[0]["t_run_s"] == 30.0 and set(curve[1]) == {"label", "version", "version_end", "accuracy",
+                                                            "reward_mean", "t_rl_s", "t_run_s"}
+    assert [p["version_end"] for p in curve] == [0, 5, 10, 15]  # records without an end: their start
     # the SFT point counts: at 0.95 the run was at 0.9 from the SFT evaluation's start on
     assert time_to_accuracy(curve, 0.9, "t_run_s") == 30.0 and time_to_accuracy(curve, 0.9, "t_rl_s") == 0.0
     assert time_to_accuracy(curve, 0.96, "t_run_s") == 360.0 and time_to_accuracy(curve, 0.96, "t_rl_s") == 300.0
@@ -192,16 +193,20 @@ def test_curve_and_time_to_accuracy() -> None:
 
 def test_the_summary_and_report_carry_the_curve(tmp_path: Path) -> None:
     evals = {"sft": {"version": 0, "accuracy": 0.5, "reward_mean": 0.4, "t_run_s": 30.0},
-             "v1": {"version": 1, "accuracy": 0.75, "reward_mean": 0.6, "t_rl_s": 20.0, "t_run_s": 70.0},
-             "after": {"version": 2, "accuracy": 0.8, "reward_mean": 0.7, "t_rl_s": 40.0, "t_run_s": 90.0}}
-    summary = summarize(RunConfig(name="r"), tmp_path, rollout_stats={}, evals=evals, served_version=2,
+             "v1": {"version": 1, "accuracy": 0.75, "reward_mean": 0.6, "t_rl_s": 20.0, "t_run_s": 70.0,
+                    "version_end": 1, "versions_changed": False},
+             "v2": {"version": 2, "accuracy": 0.7, "reward_mean": 0.6, "t_rl_s": 30.0, "t_run_s": 80.0,
+                    "version_end": 4, "versions_changed": True},
+             "after": {"version": 5, "accuracy": 0.8, "reward_mean": 0.7, "t_rl_s": 40.0, "t_run_s": 90.0}}
+    summary = summarize(RunConfig(name="r"), tmp_path, rollout_stats={}, evals=evals, served_version=5,
                         engine_url="http://x", queue_left=0, trainer_restarts=0, wall_time_s=100.0)
-    assert [p["version"] for p in summary["heldout_curve"]] == [0, 1, 2]
+    assert [(p["version"], p["version_end"]) for p in summary["heldout_curve"]] == [(0, 0), (1, 1), (2, 4), (5, 5)]
     assert summary["time_to_heldout_0.9_s"] is None and summary["time_to_heldout_0.9_rl_s"] is None
     write_report(tmp_path, summary)
     report = (tmp_path / "report.md").read_text()
     assert "Time to held-out accuracy 0.9" in report and "never reached" in report
     assert "| v1 | 1 | 0.750 | 0.600 | 20 | 70 |" in report and "| sft | 0 | 0.500 | 0.400 | 0 | 30 |" in report
+    assert "| v2 | 2-4 | 0.700 |" in report  # new weights were loaded during that evaluation: it says which
 
 
 def test_heldout_every_is_checked() -> None:

@@ -45,6 +45,7 @@ def test_report_breaks_held_out_accuracy_down_by_wording(tmp_path):
     assert "| after cold-start SFT | 0.250 |" in report and "| after RL | 0.625 |" in report
     first = FAMILIES["heldout"][0].text
     assert f"| {first} | 1/2 | 2/2 |" in report  # problems 0 and 4 are the first wording
+    assert "| wording | SFT | RL |" in report
     assert "balanced: True" in report
     assert "peak memory" not in report  # a summary without a memory block (older runs) has no line for it
     summary["memory"] = {"peak_concurrent_gb": 7.25, "sum_of_peaks_gb": 9.5, "processes": 31, "total_ram_gb": 24.0,
@@ -88,3 +89,20 @@ def test_the_balanced_rl_family_draws_as_many_parenthesis_tasks_as_others_in_eac
         assert set(counts) == set(FAMILIES["new"])
         assert {counts[t] for t in counts if "(" in t.expr} == {3} and {counts[t] for t in counts if "(" not in t.expr} == {2}
         assert sum("(" in t.metadata["expr"] for t in chunk) == block // 2
+
+
+def test_the_wording_breakdown_has_a_column_per_evaluation_during_rl(tmp_path):
+    run = _run_dir(tmp_path)
+    heldout = problems("heldout", 8)
+    for label, right in (("v10", {0}), ("v5", {4}), ("v2", set())):  # written in any order, shown by version
+        recs = [{"prompt": p.task.prompt, "correct": i in right} for i, p in enumerate(heldout)]
+        (run / f"eval_{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (run / "eval_vx.jsonl").write_text("not an evaluation during RL\n")  # left out, not parsed
+    summary = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 29},
+                        evals={"sft": {"accuracy": 0.25, "reward_mean": 0.3},
+                               "after": {"accuracy": 0.625, "reward_mean": 0.7}},
+                        served_version=3, engine_url="http://x", queue_left=4, trainer_restarts=0, wall_time_s=1.0)
+    write_report(run, summary)
+    report = (run / "report.md").read_text()
+    assert "| wording | SFT | v2 | v5 | v10 | RL |" in report
+    assert f"| {FAMILIES['heldout'][0].text} | 1/2 | 0/2 | 1/2 | 1/2 | 2/2 |" in report
