@@ -267,6 +267,7 @@ def _mid_run_evals(cfg: RunConfig, rollout: Any, run_dir: Path, evals: dict[str,
     return MidRunEvals(rollout, every=d.heldout_every, final_version=cfg.steps, evals=evals,
                        save=lambda: _save_evals(run_dir, evals),
                        write=lambda label, records: write_records(run_dir / f"eval_{label}.jsonl", records),
+                       discard=lambda label: (run_dir / f"eval_{label}.jsonl").unlink(missing_ok=True),
                        timeline=timeline, start_version=start_version)
 
 

@@ -9,8 +9,8 @@ the version it started on. The rollout process serves it concurrently with ``run
 (its methods are coroutines, so Ray runs them as tasks of one event loop, as it already does for the monitor's
 ``progress`` polls), and in debug mode a plain object in the controller's loop.
 
-A record, in ``evals.json`` under ``v<N>`` (a resumed run keeps those up to its checkpoint's version and evaluates
-the versions it trains anew again) and its episodes in ``eval_v<N>.jsonl``:
+A record, in ``evals.json`` under ``v<N>`` (a resumed run keeps those up to its checkpoint's version, discards the
+later ones and evaluates the versions it trains anew again) and its episodes in ``eval_v<N>.jsonl``:
 the evaluation's figures plus ``version`` (served when it started), ``version_end`` (served when it ended) and
 ``versions_changed``: the rollout side kept loading new weights meanwhile (with ``update_mode: interrupt`` even
 within a request), so when the two differ its episodes ran on any version between them. ``t_rl_s`` and
@@ -65,28 +65,43 @@ def mid_run_label(version: int) -> str:
 
 
 def is_mid_run(label: str) -> bool:
-    return label.startswith("v") and label[1:].isdigit()
+    return label.startswith("v") and label[1:].isascii() and label[1:].isdigit()
 
 
 class MidRunEvals:
     """Held-out evaluations at every ``every``-th served version below ``final_version`` (module docstring).
 
     ``evals`` is the run's dict of evaluation figures (``evals.json``), updated in place; ``save()`` writes it and
-    ``write(label, records)`` writes an evaluation's episodes. A resumed run (from ``start_version``, its
-    checkpoint's) keeps the records of versions up to it and evaluates the later ones again: it trains them anew."""
+    ``write(label, records)`` writes an evaluation's episodes, ``discard(label)`` removes them. A resumed run (from
+    ``start_version``, its checkpoint's) keeps the records of versions up to it and discards the later ones (their
+    weights were thrown away: the run trains those versions anew), then evaluates from the first multiple of
+    ``every`` at or after its checkpoint's version that has no record."""
 
     def __init__(self, rollout: Any, *, every: int, final_version: int, evals: dict[str, Any],
                  save: Callable[[], None], write: Callable[[str, list[dict[str, Any]]], None], timeline: Timeline,
-                 start_version: int = 0, poll_s: float = POLL_S) -> None:
+                 start_version: int = 0, poll_s: float = POLL_S,
+                 discard: Callable[[str], None] = lambda label: None) -> None:
         if every < 1:
             raise ValueError(f"heldout_every must be >= 1 to evaluate during RL, got {every}")
         self.rollout, self.every, self.final_version = rollout, every, final_version
         self.start_version = start_version
         self.evals, self.save, self.write, self.timeline, self.poll_s = evals, save, write, timeline, poll_s
+        self.discard = discard
+
+    def _forget_later_versions(self) -> None:
+        later = [k for k in self.evals if is_mid_run(k) and int(k[1:]) > self.start_version]
+        for label in later:
+            del self.evals[label]
+            self.discard(label)
+        if later:
+            logger.info("resumed from v%d: the held-out evaluations of %s are discarded (those versions are trained "
+                        "anew)", self.start_version, ", ".join(sorted(later, key=lambda k: int(k[1:]))))
+            self.save()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll and evaluate until ``stop`` is set; an evaluation under way is finished first."""
-        due = self.every
+        self._forget_later_versions()
+        due = max(self.every, -(-self.start_version // self.every) * self.every)  # a resumed run: its next multiple
         while not stop.is_set():
             version = await self._served()
             if version is not None and due <= version < self.final_version:

@@ -95,7 +95,7 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
                              f"{summary[f'heldout_reward_{label}']:.3f} |")
         lines.append("")
     lines += _curve_lines(summary)
-    lines += _per_wording(run_dir)
+    lines += _per_wording(run_dir, summary)
     solve = summary.get("rollout_solve_rate_by_version") or {}
     if solve:
         lines += ["Rollout pass rate by weight version, over every finished group (the trained groups are mixed by "
@@ -150,15 +150,15 @@ def _seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.0f}"
 
 
-def _per_wording(run_dir: Path) -> list[str]:
+def _per_wording(run_dir: Path, summary: dict[str, Any]) -> list[str]:
     """Held-out accuracy per problem wording (the demo's arithmetic templates), for each evaluated policy: the base
-    model, SFT, the evaluations during RL by version (``eval_v<N>.jsonl``; their versions may span a few, see the
-    curve above) and RL's end."""
+    model, SFT, the curve's evaluations during RL by version (``eval_v<N>.jsonl``; their versions may span a few,
+    see the curve above) and RL's end."""
     from agentrl.data.arithmetic import FAMILIES, template_of
 
-    mid = sorted((int(f.stem[len("eval_v"):]), f.stem[len("eval_"):]) for f in run_dir.glob("eval_v*.jsonl")
-                 if is_mid_run(f.stem[len("eval_"):]))  # the evaluations during RL, by version
-    labels = [(k, n) for k, n in (("before", "base"), ("sft", "SFT"), *((k, k) for _, k in mid), ("after", "RL"))
+    # the evaluations during RL as the curve has them (by version; failed ones and a resumed run's discarded ones not)
+    mid = [p["label"] for p in summary.get("heldout_curve") or [] if is_mid_run(p["label"])]
+    labels = [(k, n) for k, n in (("before", "base"), ("sft", "SFT"), *((k, k) for k in mid), ("after", "RL"))
               if (run_dir / f"eval_{k}.jsonl").exists()]
     counts: dict[str, dict[str, list[int]]] = {}
     for label, _ in labels:

@@ -67,6 +67,7 @@ def _evals(rollout: FakeRollout, clock: FakeClock, evals: dict[str, Any], tmp_pa
 
     return MidRunEvals(rollout, every=every, final_version=final, evals=evals,
                        save=lambda: (tmp_path / "evals.json").write_text(json.dumps(evals)), write=write,
+                       discard=lambda label: (tmp_path / f"eval_{label}.jsonl").unlink(missing_ok=True),
                        timeline=timeline, poll_s=0.001)
 
 
@@ -117,13 +118,37 @@ async def test_a_failed_evaluation_is_recorded_and_the_next_one_runs(tmp_path: P
 
 async def test_a_resumed_run_keeps_its_records_up_to_its_checkpoint(tmp_path: Path) -> None:
     clock = FakeClock()
-    rollout = FakeRollout([2, 4, 6], clock)
-    old = {"v2": {"label": "v2", "version": 2, "accuracy": 0.9}, "v4": {"label": "v4", "version": 4, "accuracy": 0.9}}
+    rollout = FakeRollout([3, 4, 6], clock)
+    old = {"sft": {"label": "sft", "version": 0, "accuracy": 0.5},
+           **{f"v{v}": {"label": f"v{v}", "version": v, "accuracy": 0.9} for v in (2, 4, 8)}}
     evals: dict[str, Any] = dict(old)
+    for label in old:
+        (tmp_path / f"eval_{label}.jsonl").write_text("{}\n")
     mid = _evals(rollout, clock, evals, tmp_path, every=2, final=10)
-    mid.start_version = 3  # resumed from the checkpoint of step 3: v4 is trained anew
+    mid.start_version = 3  # resumed from the checkpoint of step 3: v4 and after are trained anew
+    stop = asyncio.Event()
+    stop.set()
+    await mid.run(stop)  # the first process's v4 and v8 are discarded before anything is evaluated
+    assert set(evals) == {"sft", "v2"} and json.loads((tmp_path / "evals.json").read_text()) == evals
+    assert sorted(f.name for f in tmp_path.glob("eval_*")) == ["eval_sft.jsonl", "eval_v2.jsonl"]
     await _run_until_script_ends(mid, rollout)
+    # served v3 (the checkpoint's, not a multiple of 2) is not evaluated; v4 and v6 are, anew
     assert rollout.evaluated == ["v4", "v6"] and evals["v2"] == old["v2"] and evals["v4"]["accuracy"] == 0.4
+    assert "v8" not in evals and heldout_curve(evals)[-1]["label"] == "v6"
+
+
+async def test_a_run_resumed_on_a_multiple_evaluates_it_unless_it_was_recorded(tmp_path: Path) -> None:
+    clock = FakeClock()
+    rollout = FakeRollout([4, 6], clock)
+    mid = _evals(rollout, clock, {}, tmp_path, every=2, final=10)
+    mid.start_version = 4  # the first process stopped before evaluating v4: its checkpoint's weights are v4
+    await _run_until_script_ends(mid, rollout)
+    assert rollout.evaluated == ["v4", "v6"]
+    rollout = FakeRollout([4, 6], clock)
+    mid = _evals(rollout, clock, {"v4": {"label": "v4", "version": 4, "accuracy": 0.9}}, tmp_path, every=2, final=10)
+    mid.start_version = 4
+    await _run_until_script_ends(mid, rollout)
+    assert rollout.evaluated == ["v6"]
 
 
 async def test_an_evaluation_under_way_is_finished_when_rl_ends(tmp_path: Path) -> None:

@@ -94,13 +94,14 @@ def test_the_balanced_rl_family_draws_as_many_parenthesis_tasks_as_others_in_eac
 def test_the_wording_breakdown_has_a_column_per_evaluation_during_rl(tmp_path):
     run = _run_dir(tmp_path)
     heldout = problems("heldout", 8)
-    for label, right in (("v10", {0}), ("v5", {4}), ("v2", set())):  # written in any order, shown by version
+    # v7: a file without a record (left by an earlier process); v12: its evaluation failed in a resumed run
+    for label, right in (("v10", {0}), ("v5", {4}), ("v2", set()), ("v7", {0, 4}), ("v12", {0, 4})):
         recs = [{"prompt": p.task.prompt, "correct": i in right} for i, p in enumerate(heldout)]
         (run / f"eval_{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (run / "eval_vx.jsonl").write_text("not an evaluation during RL\n")  # left out, not parsed
-    summary = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 29},
-                        evals={"sft": {"accuracy": 0.25, "reward_mean": 0.3},
-                               "after": {"accuracy": 0.625, "reward_mean": 0.7}},
+    evals = {"sft": {"accuracy": 0.25, "reward_mean": 0.3}, "after": {"accuracy": 0.625, "reward_mean": 0.7},
+             "v12": {"label": "v12", "version": 12, "failed": True, "error": "RuntimeError: gone"},
+             **{f"v{v}": {"label": f"v{v}", "version": v, "accuracy": 0.5} for v in (10, 5, 2)}}  # in any order
+    summary = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 29}, evals=evals,
                         served_version=3, engine_url="http://x", queue_left=4, trainer_restarts=0, wall_time_s=1.0)
     write_report(run, summary)
     report = (run / "report.md").read_text()
