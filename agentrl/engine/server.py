@@ -253,6 +253,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start (its port taken, among other causes)
+FREEZE_GC_TIMEOUT_S = 10.0  # POST /freeze_gc once the server is ready (SGLangServer._freeze_gc)
 PORT_MOVES = 3  # other ports a starting server tries when its own was taken meanwhile (see SGLangServer._wait_ready)
 
 
@@ -302,6 +303,7 @@ class SGLangServer:
         self._log_file: IO[bytes] | None = None
         self._log_start = 0
         self._shm_files: set[str] = set()  # SGLang's /dev/shm files of the running group, unlinked by stop()
+        self.gc_frozen = False  # whether the server took POST /freeze_gc at its last start (_freeze_gc)
 
     @property
     def detokenizer(self) -> Literal["process", "thread"]:
@@ -477,6 +479,7 @@ class SGLangServer:
                         logger.info("%s ready at %s", self.name, self.url)
                         self._shm_files |= group_shm_files(proc.pid)
                         self._may_move_port = False  # served: its URL is known to clients from now on
+                        self.gc_frozen = self._freeze_gc()
                         return
                     if r.status == 200 and not foreign_logged:
                         foreign_logged = True  # our process cannot bind it and will exit: then another port
@@ -488,6 +491,23 @@ class SGLangServer:
             f"{self.name} did not become ready at {self.url} within {self.config.startup_timeout_s:.0f}s; "
             f"see {self.log_path}:\n" + self.log_tail()
         )
+
+    def _freeze_gc(self) -> bool:
+        """Ask the ready server to freeze its processes' garbage collectors (``POST /freeze_gc``: the objects of
+        start-up, the model's among them, are left out of every later full collection), as SGLang does after its
+        warm-up: with ``--skip-server-warmup`` its own request is sent before its HTTP server listens, and is
+        refused. True if the server took it; a server that does not (an older SGLang, a stand-in) serves on."""
+        import http.client
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(urllib.request.Request(self.url + "/freeze_gc", method="POST"),
+                                        timeout=FREEZE_GC_TIMEOUT_S) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:  # HTTPError: URLError
+            logger.debug("%s: POST /freeze_gc failed (its collectors stay as they are): %r", self.name, exc)
+            return False
 
     def _move_port(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
         """Launch again on a new free port after ``proc`` could not bind its own; None if the server was stopped

@@ -96,6 +96,7 @@ def test_the_moves_are_bounded(squatter: Squatter, tmp_path: Path) -> None:
 def test_a_restart_keeps_its_port(squatter: Squatter, tmp_path: Path) -> None:
     server = FakeServer(config(), log_path=tmp_path / "s.log")
     with server:
+        assert not server.gc_frozen  # the stand-in answers POST /freeze_gc with 501: it serves on regardless
         port = server.port
         server.stop()
         squatter.take(port)
