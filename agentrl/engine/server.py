@@ -496,7 +496,8 @@ class SGLangServer:
         """Ask the ready server to freeze its processes' garbage collectors (``POST /freeze_gc``: the objects of
         start-up, the model's among them, are left out of every later full collection), as SGLang does after its
         warm-up: with ``--skip-server-warmup`` its own request is sent before its HTTP server listens, and is
-        refused. True if the server took it; a server that does not (an older SGLang, a stand-in) serves on."""
+        refused (``post-warmup freeze_gc failed`` and a traceback in ``sglang.log``: harmless, this one follows).
+        True if the server took it; a server that does not (an older SGLang, a stand-in) serves on."""
         import http.client
         import urllib.error
         import urllib.request
