@@ -429,6 +429,7 @@ class SGLangServer:
                 self._log_file = open(self.log_path, "ab")
                 self._log_start = self._log_file.tell()  # this launch's part of the log (a restart appends)
             out = self._log_file if self._log_file is not None else subprocess.DEVNULL
+            self.gc_frozen = False  # this launch's processes: _wait_ready asks them
             logger.info("starting %s on %s with %s", self.name, self.url, self.config.model_path)
             self._proc = subprocess.Popen(
                 self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

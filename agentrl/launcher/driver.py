@@ -35,7 +35,7 @@ from typing import Any
 from agentrl.hardware import engine_dtype, resolve_dtype
 from agentrl.launcher.colocation import PlacementChoice, hands_over_memory, resolve_placement
 from agentrl.launcher.config import RunConfig, save_config
-from agentrl.launcher.heldout_curve import MidRunEvals, Timeline, evaluating_during
+from agentrl.launcher.heldout_curve import MidRunEvals, Timeline, evaluating_during, forget_later_versions
 from agentrl.launcher.memory import combine, controller_sampler
 from agentrl.launcher.monitor import RunMonitor
 from agentrl.launcher.placement import nodes, place
@@ -121,6 +121,11 @@ async def _run(cfg: RunConfig, run_dir: Path, base_model: Path, point: ResumePoi
     if cfg.sft.enabled and cfg.sft.steps > 0:
         sft_data = sft_traces_file(cfg, ChatTokenizer.from_pretrained(base_model), run_dir / "sft_traces.jsonl")
     evals = _saved_evals(run_dir) if point is not None else {}
+    if point is not None and (dropped := forget_later_versions(
+            evals, point.version, lambda label: (run_dir / f"eval_{label}.jsonl").unlink(missing_ok=True))):
+        logger.info("resumed from v%d: the held-out evaluations %s are discarded (those versions are trained anew)",
+                    point.version, ", ".join(dropped))
+        _save_evals(run_dir, evals)
     async with AsyncExitStack() as stack:
         redis = await connect_redis(cfg.redis.url, run_dir / "redis")
         stack.push_async_callback(redis.aclose)
@@ -267,7 +272,6 @@ def _mid_run_evals(cfg: RunConfig, rollout: Any, run_dir: Path, evals: dict[str,
     return MidRunEvals(rollout, every=d.heldout_every, final_version=cfg.steps, evals=evals,
                        save=lambda: _save_evals(run_dir, evals),
                        write=lambda label, records: write_records(run_dir / f"eval_{label}.jsonl", records),
-                       discard=lambda label: (run_dir / f"eval_{label}.jsonl").unlink(missing_ok=True),
                        timeline=timeline, start_version=start_version)
 
 

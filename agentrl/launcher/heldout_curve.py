@@ -68,44 +68,42 @@ def is_mid_run(label: str) -> bool:
     return label.startswith("v") and label[1:].isascii() and label[1:].isdigit()
 
 
+def forget_later_versions(evals: dict[str, Any], start_version: int,
+                          discard: Callable[[str], None] = lambda label: None) -> list[str]:
+    """Drop from ``evals`` (in place) the evaluations during RL of versions after ``start_version``, a resumed run's
+    checkpoint: their weights were thrown away, the run trains those versions anew. ``discard(label)`` removes
+    each one's episodes. Returns the labels dropped, by version."""
+    later = sorted((k for k in evals if is_mid_run(k) and int(k[1:]) > start_version), key=lambda k: int(k[1:]))
+    for label in later:
+        del evals[label]
+        discard(label)
+    return later
+
+
 class MidRunEvals:
     """Held-out evaluations at every ``every``-th served version below ``final_version`` (module docstring).
 
     ``evals`` is the run's dict of evaluation figures (``evals.json``), updated in place; ``save()`` writes it and
-    ``write(label, records)`` writes an evaluation's episodes, ``discard(label)`` removes them. A resumed run (from
-    ``start_version``, its checkpoint's) keeps the records of versions up to it and discards the later ones (their
-    weights were thrown away: the run trains those versions anew), then evaluates from the first multiple of
-    ``every`` at or after its checkpoint's version that has no record."""
+    ``write(label, records)`` writes an evaluation's episodes. A resumed run (from ``start_version``, its
+    checkpoint's; :func:`forget_later_versions` has dropped the records after it) evaluates from the first multiple
+    of ``every`` at or after its checkpoint's version that has no record (or a failed one)."""
 
     def __init__(self, rollout: Any, *, every: int, final_version: int, evals: dict[str, Any],
                  save: Callable[[], None], write: Callable[[str, list[dict[str, Any]]], None], timeline: Timeline,
-                 start_version: int = 0, poll_s: float = POLL_S,
-                 discard: Callable[[str], None] = lambda label: None) -> None:
+                 start_version: int = 0, poll_s: float = POLL_S) -> None:
         if every < 1:
             raise ValueError(f"heldout_every must be >= 1 to evaluate during RL, got {every}")
         self.rollout, self.every, self.final_version = rollout, every, final_version
         self.start_version = start_version
         self.evals, self.save, self.write, self.timeline, self.poll_s = evals, save, write, timeline, poll_s
-        self.discard = discard
-
-    def _forget_later_versions(self) -> None:
-        later = [k for k in self.evals if is_mid_run(k) and int(k[1:]) > self.start_version]
-        for label in later:
-            del self.evals[label]
-            self.discard(label)
-        if later:
-            logger.info("resumed from v%d: the held-out evaluations of %s are discarded (those versions are trained "
-                        "anew)", self.start_version, ", ".join(sorted(later, key=lambda k: int(k[1:]))))
-            self.save()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll and evaluate until ``stop`` is set; an evaluation under way is finished first."""
-        self._forget_later_versions()
         due = max(self.every, -(-self.start_version // self.every) * self.every)  # a resumed run: its next multiple
         while not stop.is_set():
             version = await self._served()
             if version is not None and due <= version < self.final_version:
-                if mid_run_label(version) not in self.evals or version > self.start_version:
+                if self.evals.get(mid_run_label(version), {"failed": True}).get("failed"):
                     await self.evaluate(version)
                 due = (version // self.every + 1) * self.every
                 continue

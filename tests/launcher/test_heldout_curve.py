@@ -18,6 +18,7 @@ from agentrl.launcher.heldout_curve import (
     Timeline,
     curve_figures,
     evaluating_during,
+    forget_later_versions,
     heldout_curve,
     time_to_accuracy,
 )
@@ -67,7 +68,6 @@ def _evals(rollout: FakeRollout, clock: FakeClock, evals: dict[str, Any], tmp_pa
 
     return MidRunEvals(rollout, every=every, final_version=final, evals=evals,
                        save=lambda: (tmp_path / "evals.json").write_text(json.dumps(evals)), write=write,
-                       discard=lambda label: (tmp_path / f"eval_{label}.jsonl").unlink(missing_ok=True),
                        timeline=timeline, poll_s=0.001)
 
 
@@ -124,13 +124,13 @@ async def test_a_resumed_run_keeps_its_records_up_to_its_checkpoint(tmp_path: Pa
     evals: dict[str, Any] = dict(old)
     for label in old:
         (tmp_path / f"eval_{label}.jsonl").write_text("{}\n")
-    mid = _evals(rollout, clock, evals, tmp_path, every=2, final=10)
-    mid.start_version = 3  # resumed from the checkpoint of step 3: v4 and after are trained anew
-    stop = asyncio.Event()
-    stop.set()
-    await mid.run(stop)  # the first process's v4 and v8 are discarded before anything is evaluated
-    assert set(evals) == {"sft", "v2"} and json.loads((tmp_path / "evals.json").read_text()) == evals
+    # resumed from the checkpoint of step 3: the first process's v4 and v8 are dropped (the driver does this on
+    # every resume, whether or not it evaluates during RL), v4 and after are trained anew
+    dropped = forget_later_versions(evals, 3, lambda label: (tmp_path / f"eval_{label}.jsonl").unlink())
+    assert dropped == ["v4", "v8"] and set(evals) == {"sft", "v2"}
     assert sorted(f.name for f in tmp_path.glob("eval_*")) == ["eval_sft.jsonl", "eval_v2.jsonl"]
+    mid = _evals(rollout, clock, evals, tmp_path, every=2, final=10)
+    mid.start_version = 3
     await _run_until_script_ends(mid, rollout)
     # served v3 (the checkpoint's, not a multiple of 2) is not evaluated; v4 and v6 are, anew
     assert rollout.evaluated == ["v4", "v6"] and evals["v2"] == old["v2"] and evals["v4"]["accuracy"] == 0.4
@@ -149,6 +149,12 @@ async def test_a_run_resumed_on_a_multiple_evaluates_it_unless_it_was_recorded(t
     mid.start_version = 4
     await _run_until_script_ends(mid, rollout)
     assert rollout.evaluated == ["v6"]
+    rollout = FakeRollout([4, 6], clock)  # a failed record is no record: evaluated again
+    evals = {"v4": {"label": "v4", "version": 4, "failed": True, "error": "RuntimeError: gone"}}
+    mid = _evals(rollout, clock, evals, tmp_path, every=2, final=10)
+    mid.start_version = 4
+    await _run_until_script_ends(mid, rollout)
+    assert rollout.evaluated == ["v4", "v6"] and evals["v4"]["accuracy"] == 0.4 and "failed" not in evals["v4"]
 
 
 async def test_an_evaluation_under_way_is_finished_when_rl_ends(tmp_path: Path) -> None:
