@@ -154,11 +154,11 @@ def measure(run_dir: Path, overrides: list[str], *, quick: bool, timeout_s: floa
     if proc.returncode != 0:
         raise SystemExit(f"agentrl demo failed (exit {proc.returncode}); its output is above, its logs in "
                          f"{run_dir / 'logs'}" + (f"; memory cgroup: {cgroup}" if cgroup else ""))
+    from agentrl.launcher.report import version_span
+
     summary = json.loads((run_dir / "summary.json").read_text())
     for p in summary.get("heldout_curve") or []:
-        end = p.get("version_end")
-        span = f"v{p['version']}" + (f"-{end}" if end is not None and end != p["version"] else "")
-        print(f"{p['label']:>6} {span}: accuracy {p['accuracy']:.3f}, t_rl_s {p.get('t_rl_s')}, "
+        print(f"{p['label']:>6} v{version_span(p)}: accuracy {p['accuracy']:.3f}, t_rl_s {p.get('t_rl_s')}, "
               f"t_run_s {p.get('t_run_s')}", flush=True)
     settings = run_settings(run_dir)
     return ({**figures(summary, wall_s), "heldout_every": settings["heldout_every"], "lora": settings["lora"],

@@ -133,14 +133,14 @@ def _curve_lines(summary: dict[str, Any]) -> list[str]:
     lines = [f"Time to held-out accuracy {target} (the first evaluation after SFT that reached it, at its start): "
              f"{reached}.", "", "| policy | version | accuracy | reward | t RL s | t run s |", "|---|---|---|---|---|---|"]
     for p in curve:
-        lines.append(f"| {p['label']} | {_versions(p)} | {p['accuracy']:.3f} | {p.get('reward_mean') or 0:.3f} | "
+        lines.append(f"| {p['label']} | {version_span(p)} | {p['accuracy']:.3f} | {p.get('reward_mean') or 0:.3f} | "
                      f"{_seconds(p.get('t_rl_s'))} | {_seconds(p.get('t_run_s'))} |")
     if summary.get("heldout_evals_failed"):
         lines += ["", f"{summary['heldout_evals_failed']} evaluation(s) during RL failed (evals.json)."]
     return [*lines, ""]
 
 
-def _versions(point: dict[str, Any]) -> str:
+def version_span(point: dict[str, Any]) -> str:
     """The weight version(s) an evaluation ran on: ``10`` or, where new weights were loaded during it, ``10-12``."""
     start, end = point.get("version"), point.get("version_end")
     return f"{start}" if end is None or end == start else f"{start}-{end}"
