@@ -65,6 +65,15 @@ NEW_TEMPLATES = (
              "{a} * {b} - {c}"),
 )
 
+# A plain phrase wording that begins "Multiply a by b", the contrast to NEW_TEMPLATES' "Multiply c by the sum of a and
+# b": without it every RL phrase wording that begins "Multiply" takes parentheses, and on the AMX Xeon (bf16) seed 2
+# learned "Multiply ... -> parentheses" and wrote (a) * (b + c) for the held-out "Multiply a by b and then increase the
+# result by c" (9/10 -> 2/10 from v15; docs/results.md, issue 24). Its operation (minus) and its "then take away"
+# differ from the held-out wording's.
+CONTRAST_TEMPLATES = (
+    Template("Multiply {a} by {b}, then take {c} away.", "{a} * {b} - {c}"),
+)
+
 HELDOUT_TEMPLATES = (
     Template("A baker makes {a} trays of {b} cookies and eats {c} of them. How many cookies remain?",
              "{a} * {b} - {c}"),
@@ -87,6 +96,8 @@ FAMILIES: dict[str, tuple[Template, ...]] = {
     "new": NEW_TEMPLATES,
     # ``new`` with as many parenthesis tasks as others (4 wordings x 3, 6 x 2 in each block of 24), for RL
     "new_balanced": _weighted(NEW_TEMPLATES, paren=3, plain=2),
+    # ``new_balanced`` with the contrast wording (4 x 3 parenthesis tasks, 7 x 2 others in each block of 26)
+    "new_contrast": _weighted(NEW_TEMPLATES + CONTRAST_TEMPLATES, paren=3, plain=2),
     "heldout": HELDOUT_TEMPLATES,
 }
 
