@@ -91,6 +91,25 @@ def test_the_balanced_rl_family_draws_as_many_parenthesis_tasks_as_others_in_eac
         assert sum("(" in t.metadata["expr"] for t in chunk) == block // 2
 
 
+def test_the_contrast_family_adds_a_plain_multiply_wording_and_no_heldout_one():
+    from collections import Counter
+    from itertools import islice
+
+    from agentrl.data.arithmetic import CONTRAST_TEMPLATES, task_stream
+
+    wordings = FAMILIES["new"] + CONTRAST_TEMPLATES
+    block = len(FAMILIES["new_contrast"])
+    counts = Counter(template_of(t.prompt, wordings) for t in islice(task_stream("new_contrast", seed=2), block))
+    assert counts[CONTRAST_TEMPLATES[0]] == 2 and set(counts) == set(wordings)
+    multiply = [t for t in wordings if t.text.startswith("Multiply")]
+    assert {"(" in t.expr for t in multiply} == {True, False}  # the contrast: not every "Multiply" takes parentheses
+    # no training family holds a held-out wording, nor a prompt a held-out template would match
+    for family in ("sft", "rl", "new", "new_balanced", "new_contrast"):
+        assert not set(FAMILIES[family]) & set(FAMILIES["heldout"])
+        for p in problems(family, len(FAMILIES[family])):
+            assert template_of(p.task.prompt, FAMILIES["heldout"]) is None
+
+
 def test_the_wording_breakdown_has_a_column_per_evaluation_during_rl(tmp_path):
     run = _run_dir(tmp_path)
     heldout = problems("heldout", 8)
