@@ -288,6 +288,7 @@ def main() -> None:
     ap.add_argument("--no-lean", action="store_true")  # trainer.lean_activations false: the model's own MLP and norms
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--dtype", choices=["fp32", "bf16", "auto"], default="fp32")
+    ap.add_argument("--keep-gathered", choices=["auto", "true", "false"], default="auto")  # trainer.keep_gathered
     ap.add_argument("--live-memory", action="store_true",
                     help="jemalloc returning freed pages at once, VmRSS sampled inside each step (implies --no-minimal)")
     args = ap.parse_args()
@@ -308,7 +309,8 @@ def main() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     lr = 1e-6
     extra: dict[str, Any] = {"activation_checkpointing": args.activation_checkpointing,
-                             "lean_activations": not args.no_lean}
+                             "lean_activations": not args.no_lean,
+                             "keep_gathered": {"true": True, "false": False}.get(args.keep_gathered, "auto")}
     if args.logits_chunk_tokens is not None:
         extra["logits_chunk_tokens"] = args.logits_chunk_tokens
     if args.lora:
@@ -406,7 +408,7 @@ def main() -> None:
                     "trainer_peak_rss_gb": peak, "trainer_mfu": mfu,
                     "trainer_cpu_s": cpu["trainer"], "lora": int(args.lora), "model": args.model, "tokens": tokens,
                     "layout": args.layout, "kl_coef": args.kl_coef, "threads": args.threads,
-                    "lean_activations": int(not args.no_lean)})
+                    "lean_activations": int(not args.no_lean), "keep_gathered": int(trainer.keep_gathered)})
     print(last_line(figures, env))
 
 

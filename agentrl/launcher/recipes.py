@@ -40,8 +40,11 @@ DEMO: dict[str, Any] = {
     # held-out accuracy also at v5, v10, ..., v25 (the curve and time to accuracy 0.9 in summary.json and the report)
     # new_balanced: the parenthesis wordings are half the RL stream (new: 40 %). On the Xeon without AMX (fp32)
     # seed 2 with `new` lost the parentheses early (0.675 -> 0.675); with new_balanced seeds 0-2 all gained
-    # (0.75 -> 1.0, 0.725 -> 0.975, 0.675 -> 0.95), 0.9 later in two of them (docs/results.md#the-demo)
-    "data": {"train": "new_balanced", "heldout": "heldout", "num_heldout": 40, "heldout_every": 5},
+    # (0.75 -> 1.0, 0.725 -> 0.975, 0.675 -> 0.95), 0.9 later in two of them (docs/results.md#the-demo).
+    # new_contrast: new_balanced plus a plain wording that begins "Multiply a by b". On the AMX Xeon (bf16) seeds 1 and
+    # 2 failed with new_balanced (0.80, 0.75: parentheses put into the held-out "Multiply a by b and then increase
+    # the result by c" and the bus) and passed with it (0.975, 0.95), seed 0 too (1.0), 0.9 in 516-860 s
+    "data": {"train": "new_contrast", "heldout": "heldout", "num_heldout": 40, "heldout_every": 5},
     "rollout": {"n_samples": 8, "groups_per_step": 6, "max_staleness": 1, "max_running_groups": 8,
                 "max_new_tokens": 96, "max_turns": 3, "max_response_tokens": 256, "max_context_tokens": 768,
                 # T = 1.3 (the trainer scores at the same temperature): after SFT the policy writes `a * b +- c`

@@ -170,6 +170,12 @@ class TrainerSettings(_Strict):
     # there (agentrl.trainer.lean_activations): SmolLM2-135M's decoder keeps 0.83 MB a token instead of 1.34 in
     # fp32, for next to no CPU; false: the model's own forward
     lean_activations: bool = True
+    # each FSDP unit's weights stay gathered (cast to the compute dtype) through a step, from their first forward to
+    # the step's end: no gather and cast for every micro-batch's forward, recomputation and backward pass (gradients
+    # are still reduced into the shards after each backward). Costs one copy of the weights in the compute dtype for
+    # the step. auto: on for one rank in bf16 (the rank holds every weight anyway; the demo's bf16 step on an AMX
+    # Xeon: 18.5 s instead of 22.2, +0.29 GB; in fp32 2 % for +0.33 GB: off; docs/results.md)
+    keep_gathered: bool | Literal["auto"] = "auto"
     # scored positions per LM-head + log-softmax chunk (each chunk recomputed in the backward pass): at most
     # 4 * vocab * logits_chunk_tokens bytes of logits alive at once; null: all of a micro-batch's at once
     logits_chunk_tokens: int | None = Field(default=1024, gt=0)

@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -132,6 +133,10 @@ class Trainer:
             if self._dist.owns_group and dist.is_initialized():
                 dist.destroy_process_group()
             raise
+        # auto: one rank, mixed precision (each gather casts every weight to bf16 there; in fp32 it is a copy, and
+        # keeping them saved 2 % of the demo's step for +0.33 GB: docs/results.md)
+        self.keep_gathered = (config.keep_gathered if config.keep_gathered != "auto"
+                              else self.world_size == 1 and self.precision.dtype == "bf16")
         # fixed here, before any forward, for the trainer's life: every pass over a shape takes one path
         self.attention_fp32_max_keys = self._attention_limit()
         self._optimizer, self._scheduler = make_optimizer(self._policy, config.optimizer)
@@ -240,12 +245,14 @@ class Trainer:
             for mini in split_mini_batches(prep.samples, self.config.mini_batches)
         ]
         # With a single update the proximal policy IS the current one: its logprobs come with the forward.
-        prox = (
-            [[self._logprobs(self._policy, mb) for mb in plan] for plan in plans]
-            if cfg.needs_proximal_pass and len(plans) > 1
-            else None
-        )
-        ref = [[self._ref_logprobs(mb) for mb in plan] for plan in plans] if self.has_reference else None
+        with self._gathered(self._policy):
+            prox = (
+                [[self._logprobs(self._policy, mb) for mb in plan] for plan in plans]
+                if cfg.needs_proximal_pass and len(plans) > 1
+                else None
+            )
+        with self._gathered(self._ref or self._policy):
+            ref = [[self._ref_logprobs(mb) for mb in plan] for plan in plans] if self.has_reference else None
         entropy: EntropyMode = "grad" if cfg.entropy_coef > 0 else "metric"
         sums, maxes, norms, skipped = [], [], [], not plans
         for i, plan in enumerate(plans):
@@ -308,14 +315,15 @@ class Trainer:
         out = [torch.zeros(len(t.token_ids)) for t in batch]
         source = {s.index: s for s in prep.samples}
         found: list[tuple[int, Tensor, Tensor]] = []
-        for mb in self._plan(list(prep.samples), "token_mean", None):
-            if mb.is_dummy:
-                continue
-            logp = self._logprobs(self._policy, mb).cpu()
-            for idx in mb.seq_index.unique().tolist():
-                sel = (mb.seq_index == idx).cpu()
-                s = source[idx]
-                found.append((s.source, s.score_pos + 1, logp[sel]))
+        with self._gathered(self._policy):
+            for mb in self._plan(list(prep.samples), "token_mean", None):
+                if mb.is_dummy:
+                    continue
+                logp = self._logprobs(self._policy, mb).cpu()
+                for idx in mb.seq_index.unique().tolist():
+                    sel = (mb.seq_index == idx).cpu()
+                    s = source[idx]
+                    found.append((s.source, s.score_pos + 1, logp[sel]))
         if self.world_size > 1:
             parts: list[Any] = [None] * self.world_size
             dist.all_gather_object(parts, found)
@@ -452,20 +460,43 @@ class Trainer:
         with self._policy.adapters_disabled():
             return self._logprobs(self._policy, mb)
 
+    @contextmanager
+    def _gathered(self, model: ScoredLM) -> Iterator[None]:
+        """With ``keep_gathered``: ``model``'s decoder-layer units are not resharded after their forward inside the
+        block (the root never is: FSDP2 keeps it gathered until its backward), so later passes of the block reuse
+        the gathered, cast weights; all are freed at its end (before an optimiser step changes the shards)."""
+        if not self.keep_gathered:
+            yield
+            return
+        units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+        for unit in units:
+            cast(FSDPModule, unit).set_reshard_after_forward(False, recurse=False)
+        try:
+            yield
+        finally:
+            for unit in units:
+                cast(FSDPModule, unit).set_reshard_after_forward(True, recurse=False)
+            for m in (model, *units):
+                cast(FSDPModule, m).reshard()
+
     def _update(self, plan: list[MicroBatch], loss_fn: LossFn) -> tuple[Tensor, Tensor, float, bool]:
         """Accumulate gradients over ``plan``, clip, step; return reduced (sums, maxima), norm, applied."""
         self._optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(9, dtype=torch.float64)
         maxes = torch.full((2,), -math.inf, dtype=torch.float64)
-        for j, mb in enumerate(plan):
-            loss, stats = loss_fn(j, mb)
-            # FSDP averages gradients over ranks; the weights hold global normalisers already: undo it.
-            (loss * self.world_size).backward()
-            sums[0] += loss.detach().double().cpu()
-            if stats is not None:
-                s, m = stats.vectors()
-                sums[1:] += s.cpu()
-                maxes = torch.maximum(maxes, m.cpu())
+        with self._gathered(self._policy):
+            for j, mb in enumerate(plan):
+                if self.keep_gathered:  # the next micro-batch's forward reuses them (gradients still reduced
+                    # into the shards after each backward: accumulating them unsharded held +0.25 GB for no speed)
+                    cast(FSDPModule, self._policy).set_reshard_after_backward(j == len(plan) - 1)
+                loss, stats = loss_fn(j, mb)
+                # FSDP averages gradients over ranks; the weights hold global normalisers already: undo it.
+                (loss * self.world_size).backward()
+                sums[0] += loss.detach().double().cpu()
+                if stats is not None:
+                    s, m = stats.vectors()
+                    sums[1:] += s.cpu()
+                    maxes = torch.maximum(maxes, m.cpu())
         if self.world_size > 1:  # on the device: NCCL reduces GPU tensors only
             dev = self._dist.device
             sums, maxes = sums.to(dev), maxes.to(dev)

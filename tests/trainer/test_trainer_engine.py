@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -263,3 +264,49 @@ def test_a_resumed_trainer_keeps_the_attention_limit_of_its_checkpoint(tiny_conf
     with Trainer(tiny_config(dtype="bf16")) as tr:
         tr.load_checkpoint(tmp_path / "fp32")
         assert tr.attention_fp32_max_keys == sdpa_precision.limit() == 128
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_weights_kept_gathered_through_a_step_change_nothing_but_the_gathers(tiny_config, dtype: str,
+                                                                               monkeypatch) -> None:
+    """``keep_gathered``: the same losses, gradients and weights as re-gathering for every pass (several
+    micro-batches, two updates a step with a proximal pass, the reference pass), with fewer all-gathers, and every
+    unit sharded again when the step ends (nothing gathered is kept past it)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod
+
+    gathers = [0]  # a unit's weights gathered (at world size 1: copied, and cast in bf16) from its shards
+    real = group_mod.FSDPParamGroup._to_unsharded
+
+    def counting(self: Any) -> None:
+        gathers[0] += not self.is_unsharded
+        real(self)
+
+    monkeypatch.setattr(group_mod.FSDPParamGroup, "_to_unsharded", counting)
+    cfg: dict[str, Any] = dict(lr=1e-2, dtype=dtype, micro_batch_tokens=48, mini_batches=2,
+                               loss={"correction": "decoupled", "kl_coef": 0.05})
+    runs = {}
+    for keep in (False, True):
+        gathers[0] = 0
+        with Trainer(tiny_config(keep_gathered=keep, **cfg)) as tr:
+            assert tr.keep_gathered is keep
+            ms = [tr.rl_step(random_batch(s), current_version=s) for s in range(2)]
+            sft = tr.sft_step(random_batch(5))
+            units = [m for m in tr._policy.modules() if isinstance(m, FSDPModule)]
+            assert all(u._get_fsdp_state()._fsdp_param_group.is_sharded for u in units)
+            runs[keep] = (ms, sft, gathers[0], tr.logprobs(random_batch(9)))
+    (ms0, sft0, g0, lp0), (ms1, sft1, g1, lp1) = runs[False], runs[True]
+    assert g1 < g0 / 2  # most re-gathers gone
+    for a, b in zip(ms0, ms1):
+        assert a.num_trajectories == b.num_trajectories and a.tokens > 48  # several micro-batches a step
+        assert b.loss == pytest.approx(a.loss, abs=1e-6) and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+        assert b.kl == pytest.approx(a.kl, abs=1e-7)
+    assert sft1.loss == pytest.approx(sft0.loss, abs=1e-6)
+    for x, y in zip(lp0, lp1):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_keep_gathered_auto_is_on_for_one_rank_in_bf16(tiny_config, dtype: str) -> None:
+    with Trainer(tiny_config(dtype=dtype, attention_fp32_max_keys=0)) as tr:
+        assert tr.world_size == 1 and tr.keep_gathered is (dtype == "bf16")
