@@ -137,6 +137,8 @@ class Trainer:
         # keeping them saved 2 % of the demo's step for +0.33 GB: docs/results.md)
         self.keep_gathered = (config.keep_gathered if config.keep_gathered != "auto"
                               else self.world_size == 1 and self.precision.dtype == "bf16")
+        if self.keep_gathered and self.rank == 0:
+            logger.info("trainer weights kept gathered through each step (keep_gathered %s)", config.keep_gathered)
         # fixed here, before any forward, for the trainer's life: every pass over a shape takes one path
         self.attention_fp32_max_keys = self._attention_limit()
         self._optimizer, self._scheduler = make_optimizer(self._policy, config.optimizer)
