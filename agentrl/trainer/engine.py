@@ -92,6 +92,10 @@ class Trainer:
 
     def __init__(self, config: TrainerConfig) -> None:
         self.config = config
+        runtime_flag = hasattr(FSDPModule, "set_reshard_after_forward")  # torch >= 2.7
+        if config.keep_gathered is True and not runtime_flag:
+            raise TrainerError(f"trainer.keep_gathered needs torch >= 2.7 (FSDPModule.set_reshard_after_forward); "
+                               f"this is torch {torch.__version__}: set it to auto or false, or upgrade torch")
         # called before every forward pass over a micro-batch (the launcher's CoreBorrower widens or narrows the
         # cores this process computes on there: agentrl.launcher.cores)
         self.before_micro_batch: Callable[[], None] | None = None
@@ -136,7 +140,7 @@ class Trainer:
         # auto: one rank, mixed precision (each gather casts every weight to bf16 there; in fp32 it is a copy, and
         # keeping them saved 2 % of the demo's step for +0.33 GB: docs/results.md)
         self.keep_gathered = (config.keep_gathered if config.keep_gathered != "auto"
-                              else self.world_size == 1 and self.precision.dtype == "bf16")
+                              else runtime_flag and self.world_size == 1 and self.precision.dtype == "bf16")
         if self.keep_gathered and self.rank == 0:
             logger.info("trainer weights kept gathered through each step (keep_gathered %s)", config.keep_gathered)
         # fixed here, before any forward, for the trainer's life: every pass over a shape takes one path
@@ -487,18 +491,22 @@ class Trainer:
         sums = torch.zeros(9, dtype=torch.float64)
         maxes = torch.full((2,), -math.inf, dtype=torch.float64)
         with self._gathered(self._policy):
-            for j, mb in enumerate(plan):
-                if self.keep_gathered:  # the next micro-batch's forward reuses them (gradients still reduced
-                    # into the shards after each backward: accumulating them unsharded held +0.25 GB for no speed)
-                    cast(FSDPModule, self._policy).set_reshard_after_backward(j == len(plan) - 1)
-                loss, stats = loss_fn(j, mb)
-                # FSDP averages gradients over ranks; the weights hold global normalisers already: undo it.
-                (loss * self.world_size).backward()
-                sums[0] += loss.detach().double().cpu()
-                if stats is not None:
-                    s, m = stats.vectors()
-                    sums[1:] += s.cpu()
-                    maxes = torch.maximum(maxes, m.cpu())
+            try:
+                for j, mb in enumerate(plan):
+                    if self.keep_gathered:  # the next micro-batch's forward reuses them (gradients still reduced
+                        # into the shards after each backward: accumulating them unsharded held +0.25 GB, no faster)
+                        cast(FSDPModule, self._policy).set_reshard_after_backward(j == len(plan) - 1)
+                    loss, stats = loss_fn(j, mb)
+                    # FSDP averages gradients over ranks; the weights hold global normalisers already: undo it.
+                    (loss * self.world_size).backward()
+                    sums[0] += loss.detach().double().cpu()
+                    if stats is not None:
+                        s, m = stats.vectors()
+                        sums[1:] += s.cpu()
+                        maxes = torch.maximum(maxes, m.cpu())
+            finally:
+                if self.keep_gathered:
+                    cast(FSDPModule, self._policy).set_reshard_after_backward(True)
         if self.world_size > 1:  # on the device: NCCL reduces GPU tensors only
             dev = self._dist.device
             sums, maxes = sums.to(dev), maxes.to(dev)
