@@ -316,5 +316,6 @@ def test_weights_kept_gathered_through_a_step_change_nothing_but_the_gathers(tin
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_keep_gathered_auto_is_on_for_one_rank_in_bf16(tiny_config, dtype: str) -> None:
-    with Trainer(tiny_config(dtype=dtype, attention_fp32_max_keys=0)) as tr:
+    assert tiny_config().keep_gathered is False  # the default: off (docs/results.md)
+    with Trainer(tiny_config(dtype=dtype, attention_fp32_max_keys=0, keep_gathered="auto")) as tr:
         assert tr.world_size == 1 and tr.keep_gathered is (dtype == "bf16")
