@@ -468,22 +468,27 @@ class Trainer:
 
     @contextmanager
     def _gathered(self, model: ScoredLM) -> Iterator[None]:
-        """With ``keep_gathered``: ``model``'s decoder-layer units are not resharded after their forward inside the
-        block (the root never is: FSDP2 keeps it gathered until its backward), so later passes of the block reuse
-        the gathered, cast weights; all are freed at its end (before an optimiser step changes the shards)."""
+        """With ``keep_gathered``: ``model``'s units are not resharded after their forward (the decoder layers; FSDP2
+        never reshards the root there) nor after their backward inside the block, so later passes of the block reuse
+        the gathered, cast weights (gradients are still reduced into the shards after each backward: accumulating
+        them unsharded held +0.25 GB, no faster); all are freed at its end (before an optimiser step changes the
+        shards)."""
         if not self.keep_gathered:
             yield
             return
-        units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
-        for unit in units:
-            cast(FSDPModule, unit).set_reshard_after_forward(False, recurse=False)
+        root = cast(FSDPModule, model)
+        layers = [cast(FSDPModule, m) for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+        for unit in layers:
+            unit.set_reshard_after_forward(False, recurse=False)
+        root.set_reshard_after_backward(False)
         try:
             yield
         finally:
-            for unit in units:
-                cast(FSDPModule, unit).set_reshard_after_forward(True, recurse=False)
-            for m in (model, *units):
-                cast(FSDPModule, m).reshard()
+            for unit in layers:
+                unit.set_reshard_after_forward(True, recurse=False)
+            root.set_reshard_after_backward(True)
+            for unit in (root, *layers):
+                unit.reshard()
 
     def _update(self, plan: list[MicroBatch], loss_fn: LossFn) -> tuple[Tensor, Tensor, float, bool]:
         """Accumulate gradients over ``plan``, clip, step; return reduced (sums, maxima), norm, applied."""
@@ -491,22 +496,15 @@ class Trainer:
         sums = torch.zeros(9, dtype=torch.float64)
         maxes = torch.full((2,), -math.inf, dtype=torch.float64)
         with self._gathered(self._policy):
-            try:
-                for j, mb in enumerate(plan):
-                    if self.keep_gathered:  # the next micro-batch's forward reuses them (gradients still reduced
-                        # into the shards after each backward: accumulating them unsharded held +0.25 GB, no faster)
-                        cast(FSDPModule, self._policy).set_reshard_after_backward(j == len(plan) - 1)
-                    loss, stats = loss_fn(j, mb)
-                    # FSDP averages gradients over ranks; the weights hold global normalisers already: undo it.
-                    (loss * self.world_size).backward()
-                    sums[0] += loss.detach().double().cpu()
-                    if stats is not None:
-                        s, m = stats.vectors()
-                        sums[1:] += s.cpu()
-                        maxes = torch.maximum(maxes, m.cpu())
-            finally:
-                if self.keep_gathered:
-                    cast(FSDPModule, self._policy).set_reshard_after_backward(True)
+            for j, mb in enumerate(plan):
+                loss, stats = loss_fn(j, mb)
+                # FSDP averages gradients over ranks; the weights hold global normalisers already: undo it.
+                (loss * self.world_size).backward()
+                sums[0] += loss.detach().double().cpu()
+                if stats is not None:
+                    s, m = stats.vectors()
+                    sums[1:] += s.cpu()
+                    maxes = torch.maximum(maxes, m.cpu())
         if self.world_size > 1:  # on the device: NCCL reduces GPU tensors only
             dev = self._dist.device
             sums, maxes = sums.to(dev), maxes.to(dev)
