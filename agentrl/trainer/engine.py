@@ -323,9 +323,11 @@ class Trainer:
         found: list[tuple[int, Tensor, Tensor]] = []
         with self._gathered(self._policy):
             for mb in self._plan(list(prep.samples), "token_mean", None):
+                # a dummy micro-batch (this rank holds fewer than another) still runs its forward: FSDP's gathers in
+                # it are collectives the other ranks' forwards wait for; it scores nothing
+                logp = self._logprobs(self._policy, mb).cpu()
                 if mb.is_dummy:
                     continue
-                logp = self._logprobs(self._policy, mb).cpu()
                 for idx in mb.seq_index.unique().tolist():
                     sel = (mb.seq_index == idx).cpu()
                     s = source[idx]

@@ -61,6 +61,8 @@ def test_world_size_two_matches_world_size_one(tiny_config, tmp_path: Path, lora
     assert one["metrics"][-1]["kl"] > 1e-6  # the weights moved: a no-op trainer would not pass
     for a, b in zip(one["logprobs"], two["logprobs"]):
         assert b == pytest.approx(a, abs=2e-4)
+    assert len(two["logprobs_one"]) == 1 and any(two["logprobs_one"][0])
+    assert two["logprobs_one"][0] == pytest.approx(one["logprobs_one"][0], abs=2e-4)
     assert two["published"].keys() == one["published"].keys() and not any(".lora_" in k for k in one["published"])
     for k, a in one["published"].items():
         assert two["published"][k] == pytest.approx(a, rel=1e-4, abs=1e-3), k

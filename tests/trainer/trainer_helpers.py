@@ -111,10 +111,14 @@ def run_steps(rank: int, world: int, port: int, cfg_json: str, steps: int, out: 
     with Trainer(TrainerConfig.model_validate_json(cfg_json)) as tr:
         metrics = [tr.rl_step(random_batch(s, version=s), current_version=s).as_dict() for s in range(steps)]
         lp = tr.logprobs(random_batch(100))
+        # one trace: with two ranks one of them holds only a dummy micro-batch, whose forward must still run (its
+        # FSDP gathers are collectives the other rank's forward waits for)
+        lp_one = tr.logprobs(random_batch(101, n=1))
         published = tr.full_state_dict()  # collective: gathered (and with LoRA merged) on rank 0
         if rank == 0:
             sums = {k: float(v.double().sum()) for k, v in published.items()}
             Path(out).write_text(json.dumps({"metrics": metrics, "logprobs": [x.tolist() for x in lp],
+                                             "logprobs_one": [x.tolist() for x in lp_one],
                                              "world": tr.world_size, "published": sums}))
 
 
