@@ -14,6 +14,8 @@ each trainer rank itself (returned by its ``train`` call). :func:`combine` turns
     peak_concurrent_gb  = max over wall-clock seconds s of  Σ_node  Σ_{p sampled there} RSS_p(s)
     peak_concurrent_anon_gb = the same over RssAnon_p(s): memory no file backs, each page counted once (the
                           figure a memory limit enforces, less shared memory such as /dev/shm weight files)
+    peak_anon_by_role   = that second's RssAnon per role (what to cut to lower the peak), and
+    peak_anon_at_s      = when it was, in seconds after the first sample of the run
 
 The concurrent figure is exact (to the sampling interval; a spike shorter than it is missed, VmHWM catches it in
 the sum of peaks) for processes on one node. Across nodes each node's series is aligned by wall-clock second, so it
@@ -109,6 +111,7 @@ class MemorySampler:
         self._seen: set[tuple[int, float]] = set()  # (pid, start time): distinct processes
         self._series: dict[int, int] = {}  # wall-clock second → max Σ RSS of a pass in it
         self._anon_series: dict[int, int] = {}  # wall-clock second → max Σ RssAnon of a pass in it
+        self._anon_roles: dict[int, dict[str, int]] = {}  # wall-clock second → that pass's RssAnon per role
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -136,6 +139,7 @@ class MemorySampler:
         claimed = set(self._skip())
         total = anon = 0
         hwm: dict[str, int] = {}
+        by_role: dict[str, int] = {}
         seen = []
         for w in watches:
             root = w.pid()
@@ -157,6 +161,7 @@ class MemorySampler:
                     continue
                 total += mem.rss
                 anon += mem.anon
+                by_role[w.role] = by_role.get(w.role, 0) + mem.anon
                 hwm[w.role] = hwm.get(w.role, 0) + mem.peak
                 seen.append((pid, started.get(pid, 0.0)))
         second = int(time.time())
@@ -165,7 +170,9 @@ class MemorySampler:
                 self._peaks[role] = max(self._peaks.get(role, 0), value)
             self._seen.update(seen)
             self._series[second] = max(self._series.get(second, 0), total)
-            self._anon_series[second] = max(self._anon_series.get(second, 0), anon)
+            if anon >= self._anon_series.get(second, 0):
+                self._anon_series[second] = anon
+                self._anon_roles[second] = by_role
         return total
 
     def start(self) -> MemorySampler:
@@ -196,12 +203,14 @@ class MemorySampler:
     def report(self) -> dict[str, Any]:
         """This node's figures, JSON-able (they travel back to the controller as the return value of a Ray call):
         ``peaks`` (role → bytes), ``processes`` (distinct processes seen), ``series`` and ``anon_series``
-        ([second, bytes] pairs of Σ RSS and Σ RssAnon), ``host`` and ``total_ram``."""
+        ([second, bytes] pairs of Σ RSS and Σ RssAnon), ``anon_roles`` ([second, {role: bytes}] of the same
+        passes as ``anon_series``), ``host`` and ``total_ram``."""
         with self._lock:
             return {"host": socket.gethostname(), "total_ram": psutil.virtual_memory().total,
                     "interval_s": self.interval_s, "peaks": {r: v for r, v in self._peaks.items() if v},
                     "processes": len(self._seen), "series": sorted(self._series.items()),
-                    "anon_series": sorted(self._anon_series.items())}
+                    "anon_series": sorted(self._anon_series.items()),
+                    "anon_roles": sorted(self._anon_roles.items())}
 
 
 def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | None = None) -> dict[str, Any]:
@@ -214,8 +223,18 @@ def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | Non
         for role, value in r["peaks"].items():
             per_role[role] = per_role.get(role, 0) + int(value)
     ram = total_ram if total_ram is not None else psutil.virtual_memory().total
-    return {"peak_concurrent_gb": _gb(_concurrent_peak(present, "series")),
-            "peak_concurrent_anon_gb": _gb(_concurrent_peak(present, "anon_series")),
+    anon_peak, anon_at = _concurrent_peak(present, "anon_series")
+    by_role: dict[str, int] = {}
+    if anon_at is not None:
+        for r in present:
+            roles = _sample_at(r, "anon_roles", anon_at)
+            for role, value in (roles or {}).items():
+                by_role[role] = by_role.get(role, 0) + int(value)
+    first = min((int(t) for r in present for t, _ in r.get("anon_series", ())), default=None)
+    return {"peak_concurrent_gb": _gb(_concurrent_peak(present, "series")[0]),
+            "peak_concurrent_anon_gb": _gb(anon_peak),
+            "peak_anon_by_role": {role: _gb(v) for role, v in sorted(by_role.items())},
+            "peak_anon_at_s": anon_at - first if anon_at is not None and first is not None else None,
             "sum_of_peaks_gb": _gb(sum(per_role.values())),
             "per_process": {role: _gb(v) for role, v in sorted(per_role.items())},
             "processes": sum(int(r["processes"]) for r in present),
@@ -223,10 +242,11 @@ def combine(reports: Iterable[Mapping[str, Any] | None], *, total_ram: int | Non
             "interval_s": max((float(r.get("interval_s", 1.0)) for r in present), default=None)}
 
 
-def _concurrent_peak(reports: list[Mapping[str, Any]], key: str) -> int:
+def _concurrent_peak(reports: list[Mapping[str, Any]], key: str) -> tuple[int, int | None]:
+    """The largest sum over reports of each one's newest sample at or before a second, and that second."""
     series = [sorted((int(t), int(v)) for t, v in r.get(key, ())) for r in reports]
     seconds = sorted({t for s in series for t, _ in s})
-    peak, cursors = 0, [0] * len(series)
+    peak, peak_at, cursors = 0, None, [0] * len(series)
     for t in seconds:
         summed = 0
         for i, s in enumerate(series):
@@ -235,8 +255,22 @@ def _concurrent_peak(reports: list[Mapping[str, Any]], key: str) -> int:
             at, value = s[cursors[i]] if s else (t + 1, 0)
             if at <= t and t - at <= 3 * float(reports[i].get("interval_s", 1.0)):
                 summed += value
-        peak = max(peak, summed)
-    return peak
+        if summed > peak:
+            peak, peak_at = summed, t
+    return peak, peak_at
+
+
+def _sample_at(report: Mapping[str, Any], key: str, t: int) -> Any:
+    """``report``'s newest ``key`` sample at or before second ``t`` if at most three intervals old (as
+    :func:`_concurrent_peak` counts it), else None."""
+    found = None
+    for at, value in sorted(((int(a), v) for a, v in report.get(key, ())), key=lambda x: x[0]):
+        if at > t:
+            break
+        found = (at, value)
+    if found is None or t - found[0] > 3 * float(report.get("interval_s", 1.0)):
+        return None
+    return found[1]
 
 
 def _gb(n: int) -> float:
@@ -257,6 +291,9 @@ def report_line(memory: Mapping[str, Any]) -> str:
         parts.append(f"trainer rank 0 {per['trainer-0']:.2f} GB")
     if sglang:
         parts.append(f"SGLang {sglang:.2f} GB")
+    if by_role := memory.get("peak_anon_by_role"):
+        top = ", ".join(f"{role} {gb:.2f}" for role, gb in sorted(by_role.items(), key=lambda x: -x[1]))
+        parts.append(f"anonymous at its peak ({memory.get('peak_anon_at_s')} s in): {top} GB")
     return "; ".join(parts) + f" (GB = 2^30 bytes; machine RAM {memory['total_ram_gb']:.1f} GB)."
 
 

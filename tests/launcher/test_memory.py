@@ -60,6 +60,8 @@ def test_a_tree_watch_counts_the_children_it_started():
     assert report["peaks"]["tree"] >= ALLOC_MB * MIB
     assert report["processes"] == 2 and max(v for _, v in report["series"]) == summed
     assert ALLOC_MB * MIB <= max(v for _, v in report["anon_series"]) < summed  # the allocation is anonymous
+    # the same pass per role: the tree's anonymous memory is all of it
+    assert [(t, roles["tree"]) for t, roles in report["anon_roles"]] == report["anon_series"]
 
 
 def test_a_mapped_file_is_resident_but_not_anonymous(tmp_path):
@@ -159,8 +161,11 @@ def test_a_bad_interval_is_refused():
 
 
 def _report(host: str, peaks: dict[str, int], series: list[tuple[int, int]]) -> dict:
+    """A node's report whose anonymous memory is half its RSS, all of it its first role's."""
+    role = next(iter(peaks))
     return {"host": host, "total_ram": 8 * GIB, "interval_s": 1.0, "peaks": peaks, "processes": len(peaks),
-            "series": series, "anon_series": [(t, v // 2) for t, v in series]}
+            "series": series, "anon_series": [(t, v // 2) for t, v in series],
+            "anon_roles": [(t, {role: v // 2}) for t, v in series]}
 
 
 def test_combine_sums_the_sides_second_by_second():
@@ -171,20 +176,29 @@ def test_combine_sums_the_sides_second_by_second():
     memory = combine([driver, None, rollout, trainer], total_ram=24 * GIB)
     assert memory["peak_concurrent_gb"] == 7.0  # 1 + 4 + 2 at second 102
     assert memory["peak_concurrent_anon_gb"] == 3.5  # the same seconds, half of each
+    # who held it then: the rollout's sample of 101, the others' of 102; two seconds after the first sample (100)
+    assert memory["peak_anon_by_role"] == {"driver": 0.5, "rollout": 2.0, "trainer-0": 1.0}
+    assert memory["peak_anon_at_s"] == 2
     assert memory["per_process"] == {"driver": 1.0, "redis": 0.5, "rollout": 1.0, "sglang": 3.0, "trainer-0": 2.0}
     assert memory["sum_of_peaks_gb"] == sum(memory["per_process"].values()) == 7.5
     assert memory["processes"] == 5 and memory["hosts"] == ["a", "b"] and memory["total_ram_gb"] == 24.0
     # at 110 the others' last samples are 8-9 s old: they had stopped; 5 GB alone is less than 7
     late = _report("b", {"trainer-0": 2 * GIB}, [(110, 8 * GIB)])
     assert combine([driver, rollout, late], total_ram=GIB)["peak_concurrent_gb"] == 8.0
+    assert combine([driver, rollout, late], total_ram=GIB)["peak_anon_by_role"] == {"trainer-0": 4.0}
 
 
 def test_combine_of_nothing_and_the_report_line():
     empty = combine([None], total_ram=GIB)
     assert empty["peak_concurrent_gb"] == 0 and empty["per_process"] == {} and empty["processes"] == 0
-    assert empty["peak_concurrent_anon_gb"] == 0
+    assert empty["peak_concurrent_anon_gb"] == 0 and empty["peak_anon_by_role"] == {}
+    assert empty["peak_anon_at_s"] is None
     line = report_line({"peak_concurrent_gb": 5.5, "peak_concurrent_anon_gb": 4.25, "sum_of_peaks_gb": 6.25,
                         "processes": 12, "total_ram_gb": 24.0,
                         "per_process": {"trainer-0": 2.5, "sglang": 1.5, "sglang-1": 1.0, "driver": 0.5}})
     assert line.startswith("peak memory: 5.50 GB concurrent (4.25 GB of it anonymous, sum of peaks 6.25 GB) over 12 processes seen in the run (short-lived ones included); "
                            "trainer rank 0 2.50 GB; SGLang 2.50 GB")
+    with_roles = report_line({"peak_concurrent_gb": 5.5, "peak_concurrent_anon_gb": 4.25, "sum_of_peaks_gb": 6.25,
+                              "processes": 12, "total_ram_gb": 24.0, "per_process": {"trainer-0": 2.5},
+                              "peak_anon_by_role": {"sglang": 1.25, "trainer-0": 3.0}, "peak_anon_at_s": 812})
+    assert "; anonymous at its peak (812 s in): trainer-0 3.00, sglang 1.25 GB (GB = 2^30" in with_roles
