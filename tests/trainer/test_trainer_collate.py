@@ -208,3 +208,13 @@ def test_shared_prefix_splits_units_between_ranks() -> None:
     assert len(per_rank[0]) == len(per_rank[1])  # dummies fill the gap: FSDP needs every rank in every step
     seen = [int(i) for mbs in per_rank for mb in mbs for i in mb.seq_index.unique() if i >= 0]
     assert sorted(seen) == list(range(len(prep.samples)))
+
+
+def test_a_rank_without_samples_gets_a_dummy_micro_batch_to_match_the_others():
+    """The premise of the world-2 test's one-trace batch (test_trainer_distributed.py): rank 1 holds only a dummy,
+    whose forward Trainer.logprobs must still run."""
+    prep = prepare_sft(random_batch(101, n=1))
+    plans = [plan_micro_batches(prep.samples, mode="token_mean", token_budget=48, layout="packed", rank=r,
+                                world_size=2) for r in (0, 1)]
+    assert [len(p) for p in plans] == [1, 1]
+    assert not plans[0][0].is_dummy and plans[1][0].is_dummy
