@@ -253,11 +253,16 @@ def _concurrent_peak(reports: list[Mapping[str, Any]], key: str) -> tuple[int, i
             while cursors[i] + 1 < len(s) and s[cursors[i] + 1][0] <= t:
                 cursors[i] += 1
             at, value = s[cursors[i]] if s else (t + 1, 0)
-            if at <= t and t - at <= 3 * float(reports[i].get("interval_s", 1.0)):
+            if at <= t and _fresh(reports[i], at, t):
                 summed += value
         if summed > peak:
             peak, peak_at = summed, t
     return peak, peak_at
+
+
+def _fresh(report: Mapping[str, Any], at: int, t: int) -> bool:
+    """A sample taken at ``at`` still counts at second ``t``: at most three of its report's intervals old."""
+    return t - at <= 3 * float(report.get("interval_s", 1.0))
 
 
 def _sample_at(report: Mapping[str, Any], key: str, t: int) -> Any:
@@ -268,7 +273,7 @@ def _sample_at(report: Mapping[str, Any], key: str, t: int) -> Any:
         if at > t:
             break
         found = (at, value)
-    if found is None or t - found[0] > 3 * float(report.get("interval_s", 1.0)):
+    if found is None or not _fresh(report, found[0], t):
         return None
     return found[1]
 
