@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.errors import EngineError
 from agentrl.hardware import engine_dtype
@@ -162,6 +162,7 @@ def _build_cpu_kernels(cxx: str | None, path: str | None, cache: str | None) -> 
 
 
 # SGLang's crash diagnostics (sglang.srt.environ): off on CPU unless set, see SGLangServer.environment
+ONEDNN_CACHE_CAPACITY = 64  # oneDNN kernels a CPU server keeps (see SGLangServer.environment)
 CPU_CRASH_DIAGNOSTICS = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH")
 
 
@@ -227,6 +228,16 @@ class SGLangServerConfig(BaseModel):
     # anonymous memory, its work then shares the launcher's GIL), process (SGLang's default), auto: thread on CPU,
     # process on GPU (a server streaming thousands of requests keeps it parallel)
     detokenizer: Literal["auto", "process", "thread"] = "auto"
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _numbers_as_text(cls, value: object) -> object:
+        """``engine.env.OMP_NUM_THREADS=2`` on the command line (or ``2`` unquoted in YAML) is a number: an
+        environment value is text, so numbers become their text; anything else is left for the type check."""
+        if isinstance(value, Mapping):
+            return {k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                    for k, v in value.items()}
+        return value
 
 
 def pool_configs(base: SGLangServerConfig, num_servers: int) -> list[SGLangServerConfig]:
@@ -360,6 +371,10 @@ class SGLangServer:
             # ``engine.env``. On GPU SGLang's defaults stay (a real crash's dump is worth the 5 s there).
             for name in CPU_CRASH_DIAGNOSTICS:
                 env.setdefault(name, "0")
+            # oneDNN compiles a kernel per matmul shape and keeps up to 1,024 (its default): every decode batch
+            # size and extend length is a shape, so a run's server grew by ~0.5 GB of kernels it rarely reuses
+            # (docs/results.md). A few dozen cover the shapes of one forward; the environment or engine.env wins.
+            env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
             # SGLang imports every model module it has at each start (~4 s here) unless an external model package
             # is named: ours imports only the served model's (agentrl_sglang_models). Not when a user names a
             # package, disables the module (SGLANG_DISABLED_MODEL_ARCHS: module names), or runs another SGLang

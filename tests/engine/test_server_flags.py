@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from pydantic import ValidationError
 
 from agentrl.engine import SGLangServer, SGLangServerConfig, pool_configs
-from agentrl.engine.server import CPU_CRASH_DIAGNOSTICS, SGL_KERNEL_CPU_DIR, SGLANG_PLUGIN_DIR
+from agentrl.engine.server import CPU_CRASH_DIAGNOSTICS, ONEDNN_CACHE_CAPACITY, SGL_KERNEL_CPU_DIR, SGLANG_PLUGIN_DIR
 from agentrl.errors import EngineError
 
 
@@ -102,6 +103,22 @@ def test_a_cpu_server_stops_without_sglangs_crash_diagnostics_unless_asked(monke
     assert SGLangServer(asked).environment()["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == "1"
     monkeypatch.setenv("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "1")
     assert SGLangServer(SGLangServerConfig(model_path="/m")).environment()["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "1"
+
+
+def test_a_cpu_server_keeps_few_onednn_kernels_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's kernel cache is capped on CPU (each decode batch size compiles its own kernel); the user's
+    environment or ``engine.env`` wins, a number given there (as a command-line override makes it) is text."""
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    cpu = SGLangServer(SGLangServerConfig(model_path="/m")).environment()
+    assert cpu["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    gpu = SGLangServer(SGLangServerConfig(model_path="/m", device="cuda")).environment()
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in gpu
+    asked = SGLangServerConfig(model_path="/m", env={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": 1024})
+    assert SGLangServer(asked).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    assert SGLangServer(SGLangServerConfig(model_path="/m")).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
+    with pytest.raises(ValidationError, match="valid string"):
+        SGLangServerConfig(model_path="/m", env={"X": True})  # a flag's text is the user's to spell
 
 
 def test_a_cpu_server_imports_only_its_models_sglang_module(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
