@@ -4,7 +4,8 @@ A figure we can quote says where it was measured and is robust to a shared machi
 
 - :func:`environment` — the footer: CPU model (short form), ``cores`` (this process's affinity) and ``nproc``,
   the native bf16 flags (``amx_bf16`` / ``avx512_bf16``, from :mod:`agentrl.hardware`) and any ISA cap set in the
-  environment, ``dtype`` (where a model runs), the git commit (``-dirty`` with uncommitted changes to tracked
+  environment, ``onednn_cache`` (``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` where set) and ``preload`` (the first library of
+  ``LD_PRELOAD``, e.g. jemalloc, where set), ``dtype`` (where a model runs), the git commit (``-dirty`` with uncommitted changes to tracked
   files), the 1-minute load average at the start and at the end (``load1_start``, ``load1_end``: a figure from a
   busy machine says so), and the versions of the libraries the benchmark exercises (``torch``, ``sglang``,
   ``transformers``, ``redis`` = redis-py…).
@@ -84,6 +85,11 @@ def environment(*, dtype: str | None = None, packages: Sequence[str] = ("torch",
     caps = [f"{k}={os.environ[k]}" for k in ISA_ENV if k in os.environ]
     if caps:
         env["isa_cap"] = ",".join(caps)
+    if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ:  # oneDNN's per-shape kernels kept (its default: 1024)
+        env["onednn_cache"] = os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
+    preload = os.path.basename(os.environ.get("LD_PRELOAD", "").split(":")[0])
+    if preload:
+        env["preload"] = preload
     if dtype is not None:
         env["dtype"] = dtype
     env["commit"] = git_commit()

@@ -289,6 +289,9 @@ def main() -> None:
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--dtype", choices=["fp32", "bf16", "auto"], default="fp32")
     ap.add_argument("--keep-gathered", choices=["auto", "true", "false"], default="auto")  # trainer.keep_gathered
+    ap.add_argument("--pad-to-multiple-of", default="auto")  # trainer.pad_to_multiple_of
+    ap.add_argument("--vary-shapes", action="store_true",
+                    help="a new batch of the same kind every step, as in a run (implies --no-minimal)")
     ap.add_argument("--live-memory", action="store_true",
                     help="jemalloc returning freed pages at once, VmRSS sampled inside each step (implies --no-minimal)")
     args = ap.parse_args()
@@ -297,6 +300,8 @@ def main() -> None:
     if args.live_memory:
         reexec_with_live_memory()  # returns in a process that allocates so (or exits saying why not)
         args.no_minimal = True  # the minimal loop's model in the same process would be in the figure
+    if args.vary_shapes:
+        args.no_minimal = True  # the minimal loop takes one batch
     if args.micro_batch_tokens is None:  # --shape demo times the demo's step: its recipe's micro-batches
         args.micro_batch_tokens = 1024 if args.shape == "demo" else 16384
     # auto: the trainer's own choice on this CPU (agentrl.hardware: bf16 where it multiplies faster)
@@ -304,13 +309,21 @@ def main() -> None:
     env = environment(dtype=dtype, packages=("torch", "transformers"))
     torch.set_num_threads(args.threads)
     path = str(resolve_model(args.model))
-    batch = make_batch(args.batch) if args.shape == "random" else make_demo_batch(args.groups, args.group_size)
-    tokens = sum(t.num_tokens for t in batch)
+
+    def make(seed: int) -> list[Trajectory]:
+        return (make_batch(args.batch, seed) if args.shape == "random"
+                else make_demo_batch(args.groups, args.group_size, seed))
+
+    batch = make(0)
+    # --vary-shapes: step i trains on batch i (warm-ups included), else every step on batch 0
+    batches = [make(i) if args.vary_shapes else batch for i in range(args.rounds + 2)]
+    tokens = round(statistics.mean(sum(t.num_tokens for t in b) for b in batches[2:]))  # a timed step's, mean
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     lr = 1e-6
     extra: dict[str, Any] = {"activation_checkpointing": args.activation_checkpointing,
                              "lean_activations": not args.no_lean,
-                             "keep_gathered": {"true": True, "false": False}.get(args.keep_gathered, "auto")}
+                             "keep_gathered": {"true": True, "false": False}.get(args.keep_gathered, "auto"),
+                             "pad_to_multiple_of": args.pad_to_multiple_of}
     if args.logits_chunk_tokens is not None:
         extra["logits_chunk_tokens"] = args.logits_chunk_tokens
     if args.lora:
@@ -336,7 +349,7 @@ def main() -> None:
 
     def trainer_step() -> None:
         nonlocal version
-        trainer.rl_step(batch, current_version=version)
+        trainer.rl_step(batches[version], current_version=version)
         version += 1
 
     def sampled_step() -> None:
@@ -365,8 +378,9 @@ def main() -> None:
     passes = (2 if args.lora else 3) + (1 if args.kl_coef > 0 else 0)  # LoRA: no weight gradients of the base
     rate = max(rate0, matmul_flops(lm_cfg.hidden_size, lm_cfg.intermediate_size, args.threads, dtype=mm_dtype))
     # per core-second of CPU time (a shared machine stretches wall time, not the work): threads x fastest CPU time
-    core_s = min(c for _, c in runs["trainer"]) / args.threads
-    mfu = step_flops(lm_cfg, batch, args.layout, passes) / core_s / rate
+    # each timed step's FLOPs per core-second; the best (the least disturbed step, as with one batch)
+    mfu = max(step_flops(lm_cfg, b, args.layout, passes) / (c / args.threads) / rate
+              for b, (_, c) in zip(batches[2:], runs["trainer"]))
     chunk = getattr(trainer.config, "logits_chunk_tokens", None)
     checkpointing = getattr(trainer, "checkpointing", args.activation_checkpointing)
     print(
@@ -408,7 +422,8 @@ def main() -> None:
                     "trainer_peak_rss_gb": peak, "trainer_mfu": mfu,
                     "trainer_cpu_s": cpu["trainer"], "lora": int(args.lora), "model": args.model, "tokens": tokens,
                     "layout": args.layout, "kl_coef": args.kl_coef, "threads": args.threads,
-                    "lean_activations": int(not args.no_lean), "keep_gathered": int(trainer.keep_gathered)})
+                    "lean_activations": int(not args.no_lean), "keep_gathered": int(trainer.keep_gathered),
+                    "vary_shapes": int(args.vary_shapes), "pad_to_multiple_of": trainer.pad_to_multiple_of})
     print(last_line(figures, env))
 
 

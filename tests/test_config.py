@@ -235,7 +235,8 @@ TRAINER_OTHER = {"ref_model": "/models/ref", "malloc": "jemalloc", "layout": "pa
                  "schedule": "cosine", "total_steps": 10, "grad_clip": 0.5, "advantage": "rloo",
                  "loss_agg": "seq_mean_token_mean", "token_sum_norm": None, "correction": "tis", "proximal": "current",
                  "decoupled_weight_cap": 3.0, "kl_estimator": "k1", "max_staleness": 2, "stale_policy": "downweight",
-                 "dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "keep_gathered": True}
+                 "dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "keep_gathered": True,
+                 "pad_to_multiple_of": 16}
 
 
 @pytest.mark.parametrize("part", ["", "optimizer.", "loss.", "lora."])

@@ -326,8 +326,14 @@ class ScoredTokens:
         return {k: torch.cat(v) for k, v in self._parts.items()}
 
 
-def _build(rows: list[list[SeqSample]], weights: dict[int, Tensor], packed: bool, pad_id: int) -> MicroBatch:
-    width = max(sum(s.length for s in row) for row in rows)
+def padded_width(width: int, multiple: int) -> int:
+    """``width`` rounded up to a multiple of ``multiple`` (see ``TrainerConfig.pad_to_multiple_of``)."""
+    return -(-width // multiple) * multiple
+
+
+def _build(rows: list[list[SeqSample]], weights: dict[int, Tensor], packed: bool, pad_id: int,
+           multiple: int = 1) -> MicroBatch:
+    width = padded_width(max(sum(s.length for s in row) for row in rows), multiple)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -393,14 +399,16 @@ def plan_micro_batches(
     world_size: int = 1,
     token_sum_norm: float | None = None,
     pad_id: int = 0,
+    pad_to_multiple_of: int = 1,
 ) -> list[MicroBatch]:
-    """This rank's micro-batches for one optimiser update over ``samples`` (the global mini-batch)."""
+    """This rank's micro-batches for one optimiser update over ``samples`` (the global mini-batch); each one's rows
+    padded to a multiple of ``pad_to_multiple_of`` tokens."""
     weights = token_weights(samples, mode, token_sum_norm)
     if layout == "shared_prefix":
         from agentrl.trainer import shared_prefix  # it builds on this module's types
 
         shared, count = shared_prefix.plan(samples, weights, token_budget=token_budget, rank=rank,
-                                           world_size=world_size, pad_id=pad_id)
+                                           world_size=world_size, pad_id=pad_id, multiple=pad_to_multiple_of)
         return shared + [dummy_micro_batch(pad_id) for _ in range(count - len(shared))]
     group = pack_rows if layout == "packed" else _group_padded
     plans = [group(part, token_budget) for part in assign_ranks(samples, world_size)]
@@ -413,6 +421,6 @@ def plan_micro_batches(
                 size,
                 token_budget,
             )
-    mine = [_build(mb, weights, layout == "packed", pad_id) for mb in plans[rank]]
+    mine = [_build(mb, weights, layout == "packed", pad_id, pad_to_multiple_of) for mb in plans[rank]]
     count = max((len(p) for p in plans), default=0)
     return mine + [dummy_micro_batch(pad_id) for _ in range(count - len(mine))]

@@ -157,6 +157,10 @@ class TrainerSettings(_Strict):
     mini_batches: int = Field(
         default=1, ge=1
     )  # optimiser updates per rl_step (the batch is split in this many)
+    # each micro-batch's rows padded to a multiple of this many tokens, so that micro-batches repeat a few shapes:
+    # on a CPU in bf16 oneDNN compiles and keeps (up to 1,024) kernels per matmul shape, and a run whose every
+    # micro-batch had a new width grew by them (docs/results.md); auto: 64 for bf16 on a CPU, else 1 (no padding)
+    pad_to_multiple_of: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
     # bf16: bf16 compute, fp32 master weights and reductions; auto: bf16 only where this device multiplies bf16
     # fast (agentrl.hardware: AMX/AVX512-BF16 CPUs measured, Ampere+ GPUs), fp32 elsewhere
     dtype: Literal["auto", "fp32", "bf16"] = "auto"

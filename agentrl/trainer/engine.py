@@ -143,6 +143,11 @@ class Trainer:
                               else runtime_flag and self.world_size == 1 and self.precision.dtype == "bf16")
         if self.keep_gathered and self.rank == 0:
             logger.info("trainer weights kept gathered through each step (keep_gathered %s)", config.keep_gathered)
+        self.pad_to_multiple_of = (config.pad_to_multiple_of if config.pad_to_multiple_of != "auto"
+                                   else 64 if self._bf16_cpu() else 1)
+        for scored in (self._policy, self._ref):
+            if scored is not None:
+                scored.pad_scored_to = self.pad_to_multiple_of
         # fixed here, before any forward, for the trainer's life: every pass over a shape takes one path
         self.attention_fp32_max_keys = self._attention_limit()
         self._optimizer, self._scheduler = make_optimizer(self._policy, config.optimizer)
@@ -420,6 +425,7 @@ class Trainer:
             world_size=self.world_size,
             token_sum_norm=norm,
             pad_id=self._pad_id,
+            pad_to_multiple_of=self.pad_to_multiple_of,
         )
         return [self._to_device(mb) for mb in mbs]
 

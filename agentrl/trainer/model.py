@@ -99,6 +99,9 @@ class ScoredLM(nn.Module):
         # peft's wrapper holds ``lm`` too: kept out of the module tree (a plain attribute) so that FSDP and the
         # state dict see each parameter once, under ``lm``
         self.__dict__["_peft"] = peft
+        # the head runs on the scored positions padded to a multiple of this (zero rows, outputs dropped), so that
+        # its matmuls repeat a few shapes (TrainerConfig.pad_to_multiple_of; the Trainer sets it)
+        self.pad_scored_to = 1
         text_cfg = lm.config.get_text_config()
         self._softcap: float | None = getattr(text_cfg, "final_logit_softcapping", None)
 
@@ -119,6 +122,20 @@ class ScoredLM(nn.Module):
         )
         hidden = out.last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, score_index)
+        n, pad = h.shape[0], -h.shape[0] % self.pad_scored_to
+        if pad:  # each row's logprob depends on that row alone: the zero rows change no real one
+            h = torch.cat([h, h.new_zeros(pad, h.shape[1])])
+            targets = torch.cat([targets, targets.new_zeros(pad)])
+        logp, ent = self._chunked(h, targets, temperature, entropy)
+        if not pad:
+            return logp, ent
+        # copies, not views: FSDP2 hooks the root's outputs for its backward, and warns of views (an in-place op on one
+        # would drop the hook)
+        return logp[:n].clone(), ent[:n].clone() if ent is not None else None
+
+    def _chunked(
+        self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
+    ) -> tuple[Tensor, Tensor | None]:
         chunk = self.logits_chunk_tokens
         if chunk is None or h.shape[0] <= chunk:
             return self._score(h, targets, temperature, entropy)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl.trainer.collate import MicroBatch, ScoredTokens, SeqSample, assign_ranks, pack_rows
+from agentrl.trainer.collate import MicroBatch, ScoredTokens, SeqSample, assign_ranks, pack_rows, padded_width
 from agentrl.trainer.prefix_attention import PrefixAttention
 
 
@@ -60,9 +60,10 @@ def make_units(samples: Sequence[SeqSample]) -> list[Unit]:
     return [Unit(lengths[k], tuple(v)) for k, v in by_prefix.items()]
 
 
-def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> MicroBatch:
-    """One micro-batch of shared-prefix rows, with its 4D attention mask."""
-    width = max(sum(u.length for u in row) for row in rows)
+def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int, multiple: int = 1) -> MicroBatch:
+    """One micro-batch of shared-prefix rows (padded to a multiple of ``multiple`` tokens), with its 4D attention
+    mask."""
+    width = padded_width(max(sum(u.length for u in row) for row in rows), multiple)
     n_rows = len(rows)
     ids = torch.full((n_rows, width), pad_id, dtype=torch.long)
     pos = torch.zeros((n_rows, width), dtype=torch.long)
@@ -110,9 +111,9 @@ def build(rows: list[list[Unit]], weights: dict[int, Tensor], pad_id: int) -> Mi
 
 def plan(
     samples: Sequence[SeqSample], weights: dict[int, Tensor], *, token_budget: int, rank: int, world_size: int,
-    pad_id: int,
+    pad_id: int, multiple: int = 1,
 ) -> tuple[list[MicroBatch], int]:
     """This rank's shared-prefix micro-batches and the largest micro-batch count over all ranks."""
     per_rank = [pack_rows(part, token_budget) for part in assign_ranks(make_units(samples), world_size)]
-    mine = [build(mb, weights, pad_id) for mb in per_rank[rank]]
+    mine = [build(mb, weights, pad_id, multiple) for mb in per_rank[rank]]
     return mine, max((len(p) for p in per_rank), default=0)

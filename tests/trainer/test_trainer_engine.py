@@ -319,3 +319,55 @@ def test_keep_gathered_auto_is_on_for_one_rank_in_bf16(tiny_config, dtype: str) 
     assert tiny_config().keep_gathered is False  # the default: off (docs/results.md)
     with Trainer(tiny_config(dtype=dtype, attention_fp32_max_keys=0, keep_gathered="auto")) as tr:
         assert tr.world_size == 1 and tr.keep_gathered is (dtype == "bf16")
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded", "shared_prefix"])
+def test_padding_to_a_multiple_changes_nothing_but_the_shapes(tiny_config, layout: str, monkeypatch) -> None:
+    """``pad_to_multiple_of``: every micro-batch's rows and every LM-head chunk come in multiples of it (a few
+    shapes, not one per micro-batch), and the losses, gradients, updated weights and logprobs are those without it
+    (fp32 round-off); entropy and the token counts too."""
+    from agentrl.trainer.model import ScoredLM
+
+    widths: list[int] = []
+    head_rows: list[int] = []
+    real_forward, real_score = ScoredLM.forward, ScoredLM._score
+
+    def forward(self: ScoredLM, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        widths.append(input_ids.shape[-1])
+        return real_forward(self, input_ids, *args, **kwargs)
+
+    def score(self: ScoredLM, h: torch.Tensor, *args: Any) -> Any:
+        head_rows.append(h.shape[0])
+        return real_score(self, h, *args)
+
+    monkeypatch.setattr(ScoredLM, "forward", forward)
+    monkeypatch.setattr(ScoredLM, "_score", score)
+    runs = {}
+    for multiple in (1, 16):
+        widths.clear()
+        head_rows.clear()
+        cfg = tiny_config(lr=1e-2, layout=layout, micro_batch_tokens=48, logits_chunk_tokens=32,
+                          pad_to_multiple_of=multiple, loss={"kl_coef": 0.05, "entropy_coef": 0.01})
+        with Trainer(cfg) as tr:
+            assert tr.pad_to_multiple_of == multiple
+            ms = [tr.rl_step(grouped_batch(s) + random_batch(s, n=3), current_version=s) for s in range(2)]
+            runs[multiple] = (ms, tr.logprobs(random_batch(9) + grouped_batch(9)))
+        if multiple == 16:
+            assert widths and all(w % 16 == 0 for w in widths)
+            assert head_rows and all(n % 16 == 0 for n in head_rows)
+        else:
+            assert any(w % 16 for w in widths) and any(n % 16 for n in head_rows)  # the premise: odd shapes
+    (ms0, lp0), (ms1, lp1) = runs[1], runs[16]
+    for a, b in zip(ms0, ms1):
+        assert (a.tokens, a.model_tokens, a.num_trajectories) == (b.tokens, b.model_tokens, b.num_trajectories)
+        assert b.loss == pytest.approx(a.loss, abs=1e-6) and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+        assert b.kl == pytest.approx(a.kl, abs=1e-7) and b.entropy == pytest.approx(a.entropy, abs=1e-6)
+    for x, y in zip(lp0, lp1):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_pad_to_multiple_of_auto_pads_bf16_on_a_cpu(tiny_config, dtype: str) -> None:
+    with Trainer(tiny_config(dtype=dtype, attention_fp32_max_keys=0)) as tr:
+        assert tr.pad_to_multiple_of == (64 if dtype == "bf16" else 1)
+        assert tr._policy.pad_scored_to == tr.pad_to_multiple_of
