@@ -26,10 +26,12 @@ see ``engine.env``); elsewhere (musl, macOS) nothing is changed.
 (:func:`choose`). Its size classes and decay-based purging (freed pages go back to the kernel ~10 s after they were
 last used) fragment less than glibc's heap: on the demo's trainer (SFT then RL steps, one core each,
 docs/results.md) its peak was that of the 1 MiB threshold (fp32 full fine-tuning 5.65 GB, LoRA 2.27, against 6.88
-and 3.48 with ``never``) at ~10 % more CPU a step where the threshold cost ~35 %. In bf16 glibc's heap does not
+and 3.48 with ``never``) at ~10 % more CPU a step where the threshold cost ~35 %. In bf16 glibc's heap did not
 level off: 10 RL steps of changing shapes grew it to 8.8 GB and growing (4.0 GB over its first step), jemalloc's to
 5.4 GB (1.7 over its first, level from the eighth), for 6 % more CPU a step, with the same 2.5 GB of live tensors
-in both. With purging off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB:
+in both. Most of that growth was oneDNN's kernels, compiled and kept for each new matmul shape; with the trainer's
+``pad_to_multiple_of`` (micro-batches in a few shapes) glibc's bf16 heap levelled at 5.3 GB over the AMX demo, but
+its step was no faster there than jemalloc's and it held ~0.8 GiB more, so bf16 stays on jemalloc. With purging off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB:
 do not turn it off.
 
 jemalloc's leaner heap is paid for in page faults: it returns freed pages to the kernel, and the next micro-batch's
@@ -191,7 +193,8 @@ def choose(malloc: Literal["auto", "glibc", "jemalloc"], mmap_threshold_kb: int 
     if dtype == "fp32":
         return "jemalloc", (f"an fp32 trainer and {gib:.1f} GiB of memory, under {FAST_HEAP_MIN_GIB:g}: the "
                             "leaner heap" if gib is not None else "the machine's memory is unknown: the leaner heap")
-    return "jemalloc", f"a {dtype} trainer: glibc's heap fragments" if dtype == "bf16" else "auto"
+    return "jemalloc", (f"a {dtype} trainer: glibc's heap holds more and was no faster in the demo"
+                        if dtype == "bf16" else "auto")
 
 
 def memory_limit_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/proc/self/cgroup"),

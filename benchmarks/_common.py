@@ -87,9 +87,10 @@ def environment(*, dtype: str | None = None, packages: Sequence[str] = ("torch",
         env["isa_cap"] = ",".join(caps)
     if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ:  # oneDNN's per-shape kernels kept (its default: 1024)
         env["onednn_cache"] = os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
-    preload = os.path.basename(os.environ.get("LD_PRELOAD", "").split(":")[0])
-    if preload:
-        env["preload"] = preload
+    preload = os.environ.get("LD_PRELOAD", "").replace(" ", ":").split(":")  # the loader takes either separator
+    first = next((os.path.basename(p) for p in preload if p), None)
+    if first:
+        env["preload"] = first
     if dtype is not None:
         env["dtype"] = dtype
     env["commit"] = git_commit()

@@ -48,6 +48,12 @@ show a saving inside the backward pass (glibc keeps pages, and the first steps s
 5.952 vs 5.953 GB where the live peak fell by 272 MiB). Implies ``--no-minimal``; its CPU times pay for the
 immediate page returns (not for A/B of speed: run without it).
 
+``--vary-shapes`` trains each step (warm-ups included) on a new batch of the same kind (seed = the step's number),
+as a run does: its micro-batches then have new widths, and the per-shape state a CPU keeps (oneDNN compiles a kernel
+for each bf16 matmul shape and keeps up to 1,024) grows as in a run, where one batch repeated would flatter the
+memory figure; implies ``--no-minimal``; ``trainer_mfu`` is then the best step's, and ``tokens`` a step's mean.
+``--pad-to-multiple-of`` sets ``trainer.pad_to_multiple_of`` (auto: the trainer's choice).
+
 ``--dtype bf16`` runs both sides in mixed precision (the trainer's ``dtype: bf16``; the minimal loop with FSDP2's
 ``MixedPrecisionPolicy``: fp32 master weights, bf16 compute, fp32 gradient reduction) and measures the matmul rate in
 bf16; ``--dtype auto`` takes what the trainer's ``auto`` takes on this CPU (bf16 where it multiplies faster:

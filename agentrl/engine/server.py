@@ -374,12 +374,13 @@ class SGLangServer:
             # oneDNN compiles a kernel per matmul shape and keeps up to 1,024 (its default): every decode batch
             # size and extend length is a shape, so a run's server grew by ~0.5 GB of kernels it rarely reuses
             # (docs/results.md). A few dozen cover the shapes of one forward; the environment or engine.env wins.
-            env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
+            given = {**env, **self.config.env}
+            if "DNNL_PRIMITIVE_CACHE_CAPACITY" not in given:  # oneDNN's older name, which its new one would beat
+                env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
             # SGLang imports every model module it has at each start (~4 s here) unless an external model package
             # is named: ours imports only the served model's (agentrl_sglang_models). Not when a user names a
             # package, disables the module (SGLANG_DISABLED_MODEL_ARCHS: module names), or runs another SGLang
             # (engine.python: its modules may differ from the ones read here).
-            given = {**env, **self.config.env}
             module = sglang_model_module(self.config.model_path) \
                 if "SGLANG_EXTERNAL_MODEL_PACKAGE" not in given and self.config.python is None else None
             disabled = {m.strip() for m in given.get("SGLANG_DISABLED_MODEL_ARCHS", "").split(",")}

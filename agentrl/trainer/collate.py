@@ -274,24 +274,26 @@ def assign_ranks(items: Sequence[P], world_size: int) -> list[list[P]]:
     return out
 
 
-def _group_padded(samples: list[SeqSample], budget: int) -> list[list[list[SeqSample]]]:
-    """Micro-batches of rows (one sequence per row), longest first, ``rows * longest <= budget``."""
+def _group_padded(samples: list[SeqSample], budget: int, multiple: int = 1) -> list[list[list[SeqSample]]]:
+    """Micro-batches of rows (one sequence per row), longest first, ``rows * longest <= budget`` (the longest
+    padded to a multiple of ``multiple``)."""
     groups: list[list[list[SeqSample]]] = []
     for s in sorted(samples, key=lambda s: (-s.length, s.index)):
-        if groups and (len(groups[-1]) + 1) * groups[-1][0][0].length <= budget:
+        if groups and (len(groups[-1]) + 1) * padded_width(groups[-1][0][0].length, multiple) <= budget:
             groups[-1].append([s])
         else:
             groups.append([[s]])
     return groups
 
 
-def pack_rows(items: Sequence[P], budget: int) -> list[list[list[P]]]:
-    """First-fit-decreasing into rows as long as the longest item, then rows into micro-batches of at most
-    ``budget`` tokens (rows x width; one row at least)."""
+def pack_rows(items: Sequence[P], budget: int, multiple: int = 1) -> list[list[list[P]]]:
+    """First-fit-decreasing into rows as long as the longest item (padded to a multiple of ``multiple``: the
+    padding's room is filled first), then rows into micro-batches of at most ``budget`` tokens (rows x width; one
+    row at least)."""
     if not items:
         return []
     ordered = sorted(items, key=lambda s: (-s.length, s.index))
-    cap = ordered[0].length
+    cap = padded_width(ordered[0].length, multiple)
     rows: list[list[P]] = []
     fill: list[int] = []
     for s in ordered:
@@ -411,9 +413,9 @@ def plan_micro_batches(
                                            world_size=world_size, pad_id=pad_id, multiple=pad_to_multiple_of)
         return shared + [dummy_micro_batch(pad_id) for _ in range(count - len(shared))]
     group = pack_rows if layout == "packed" else _group_padded
-    plans = [group(part, token_budget) for part in assign_ranks(samples, world_size)]
+    plans = [group(part, token_budget, pad_to_multiple_of) for part in assign_ranks(samples, world_size)]
     for mb in plans[rank]:
-        size = len(mb) * max(sum(s.length for s in row) for row in mb)
+        size = len(mb) * padded_width(max(sum(s.length for s in row) for row in mb), pad_to_multiple_of)
         if size > token_budget:
             logger.warning(
                 "a sequence of %d tokens exceeds micro_batch_tokens=%d: it gets a micro-batch of its "

@@ -137,6 +137,8 @@ class ScoredLM(nn.Module):
         self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
     ) -> tuple[Tensor, Tensor | None]:
         chunk = self.logits_chunk_tokens
+        if chunk is not None and self.pad_scored_to > 1:  # whole multiples: every chunk keeps the padding's shapes
+            chunk = max(chunk // self.pad_scored_to, 1) * self.pad_scored_to
         if chunk is None or h.shape[0] <= chunk:
             return self._score(h, targets, temperature, entropy)
         parts = [

@@ -114,6 +114,6 @@ def plan(
     pad_id: int, multiple: int = 1,
 ) -> tuple[list[MicroBatch], int]:
     """This rank's shared-prefix micro-batches and the largest micro-batch count over all ranks."""
-    per_rank = [pack_rows(part, token_budget) for part in assign_ranks(make_units(samples), world_size)]
+    per_rank = [pack_rows(part, token_budget, multiple) for part in assign_ranks(make_units(samples), world_size)]
     mine = [build(mb, weights, pad_id, multiple) for mb in per_rank[rank]]
     return mine, max((len(p) for p in per_rank), default=0)

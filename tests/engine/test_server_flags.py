@@ -115,6 +115,8 @@ def test_a_cpu_server_keeps_few_onednn_kernels_unless_asked(monkeypatch: pytest.
     assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in gpu
     asked = SGLangServerConfig(model_path="/m", env={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": 1024})
     assert SGLangServer(asked).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    legacy = SGLangServer(SGLangServerConfig(model_path="/m", env={"DNNL_PRIMITIVE_CACHE_CAPACITY": "16"}))
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in legacy.environment()  # oneDNN's new name would beat the old
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     assert SGLangServer(SGLangServerConfig(model_path="/m")).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
     with pytest.raises(ValidationError, match="valid string"):

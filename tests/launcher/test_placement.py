@@ -142,7 +142,8 @@ async def test_trainer_ranks_meet_at_the_address_rank_0_found_on_its_node(tmp_pa
 
 @pytest.mark.parametrize(("overrides", "memory_gib", "chosen", "said"), [
     ({}, 24, "jemalloc", "trainer ranks allocate with jemalloc ("),
-    ({"dtype": "bf16"}, 24, "jemalloc", "; trainer.malloc auto: a bf16 trainer: glibc's heap fragments)"),
+    ({"dtype": "bf16"}, 24, "jemalloc",
+     "; trainer.malloc auto: a bf16 trainer: glibc's heap holds more and was no faster in the demo)"),
     ({"dtype": "fp32"}, 8, "jemalloc", "; trainer.malloc auto: an fp32 trainer and 8.0 GiB of memory, under 16"),
     ({"dtype": "fp32"}, 24, "glibc", "trainer.malloc auto: glibc (an fp32 trainer and 24.0 GiB of memory"),
     ({"dtype": "fp32", "lora": {"r": 8}}, 24, "jemalloc", "; trainer.malloc auto: a LoRA trainer: the leaner heap"),

@@ -131,6 +131,23 @@ def test_budget_respected_and_layouts_score_the_same_tokens(layout: str) -> None
     assert sum(float(mb.weights.sum()) for mb in mbs) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("layout", ["packed", "padded", "shared_prefix"])
+def test_rows_padded_to_a_multiple_stay_within_the_budget_and_score_the_same_tokens(layout: str) -> None:
+    """``pad_to_multiple_of``: widths are multiples of it, planned with the padding counted (a micro-batch stays
+    within ``micro_batch_tokens``), and the same tokens are scored as without it."""
+    from trainer_helpers import grouped_batch
+
+    prep = prepare_rl(random_batch(3, n=16) + grouped_batch(3), current_version=0, cfg=LossConfig())
+    longest = max(s.length for s in prep.samples)
+    mbs = plan_micro_batches(prep.samples, mode="token_mean", token_budget=96, layout=layout, pad_to_multiple_of=16)
+    plain = plan_micro_batches(prep.samples, mode="token_mean", token_budget=96, layout=layout)
+    assert any(mb.input_ids.shape[-1] % 16 for mb in plain)  # the premise: widths that are not multiples
+    for mb in mbs:
+        assert mb.input_ids.shape[-1] % 16 == 0
+        assert mb.input_ids.numel() <= max(96, -(-longest // 16) * 16)
+    assert scored(mbs) == scored(plain)
+
+
 def test_packed_rows_restart_positions_per_sequence() -> None:
     trajs = [make_traj(list(range(100, 100 + n)), 1, [0] + [1] * (n - 1), tid=str(n)) for n in (9, 4, 3, 2)]
     prep = prepare_rl(trajs, current_version=0, cfg=LossConfig())

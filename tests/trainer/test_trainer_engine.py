@@ -284,7 +284,7 @@ def test_weights_kept_gathered_through_a_step_change_nothing_but_the_gathers(tin
 
     monkeypatch.setattr(group_mod.FSDPParamGroup, "_to_unsharded", counting)
     # recomputation too (checkpointing on), micro-batches of at most 48 tokens: ~6 per update
-    cfg: dict[str, Any] = dict(lr=1e-2, dtype=dtype, micro_batch_tokens=48, mini_batches=2,
+    cfg: dict[str, Any] = dict(lr=1e-2, dtype=dtype, micro_batch_tokens=48, mini_batches=2, pad_to_multiple_of=1,
                                activation_checkpointing=True, loss={"correction": "decoupled", "kl_coef": 0.05})
     runs = {}
     for keep in (False, True):
@@ -346,7 +346,7 @@ def test_padding_to_a_multiple_changes_nothing_but_the_shapes(tiny_config, layou
     for multiple in (1, 16):
         widths.clear()
         head_rows.clear()
-        cfg = tiny_config(lr=1e-2, layout=layout, micro_batch_tokens=48, logits_chunk_tokens=32,
+        cfg = tiny_config(lr=1e-2, layout=layout, micro_batch_tokens=48, logits_chunk_tokens=40,
                           pad_to_multiple_of=multiple, loss={"kl_coef": 0.05, "entropy_coef": 0.01})
         with Trainer(cfg) as tr:
             assert tr.pad_to_multiple_of == multiple
