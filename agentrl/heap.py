@@ -31,8 +31,8 @@ level off: 10 RL steps of changing shapes grew it to 8.8 GB and growing (4.0 GB 
 5.4 GB (1.7 over its first, level from the eighth), for 6 % more CPU a step, with the same 2.5 GB of live tensors
 in both. Most of that growth was oneDNN's kernels, compiled and kept for each new matmul shape; with the trainer's
 ``pad_to_multiple_of`` (micro-batches in a few shapes) glibc's bf16 heap levelled at 5.3 GB over the AMX demo, but
-its step was no faster there than jemalloc's and it held ~0.8 GiB more, so bf16 stays on jemalloc. With purging off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB:
-do not turn it off.
+its step was no faster there than jemalloc's and it held ~0.8 GiB more, so bf16 stays on jemalloc. With purging
+off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``) the same trainer grew past 21 GB: do not turn it off.
 
 jemalloc's leaner heap is paid for in page faults: it returns freed pages to the kernel, and the next micro-batch's
 activations fault them back in. On an AVX2-only EPYC (fp32, the demo's RL step, two processes side by side) that was

@@ -110,6 +110,8 @@ class Trainer:
                                           if self._dist.rank == 0 else None)
         if config.dtype == "auto":
             logger.info("trainer dtype auto -> %s (%s)", self.precision.dtype, self.precision.reason)
+        self.pad_to_multiple_of = (config.pad_to_multiple_of if config.pad_to_multiple_of != "auto"
+                                   else 64 if self._bf16_cpu() else 1)
         try:
             self._act_bytes_per_token: float | None = None  # measured when activation_checkpointing is auto
             self._policy, ac_on = build_policy(
@@ -121,6 +123,7 @@ class Trainer:
                 logits_chunk_tokens=config.logits_chunk_tokens,
                 lora=config.lora,
                 lean_activations=config.lean_activations,
+                pad_scored_to=self.pad_to_multiple_of,
             )
             # kl_coef 0: no reference pass; LoRA with the model itself as reference: the policy, adapters off
             ref_path = Path(config.ref_model or config.model)
@@ -128,7 +131,8 @@ class Trainer:
             self._ref: ScoredLM | None = None
             if config.loss.kl_coef > 0 and not self._ref_is_base:
                 self._ref, _ = build_policy(ref_path, self._dist, dtype=self.precision.dtype, trainable=False,
-                                            logits_chunk_tokens=config.logits_chunk_tokens)
+                                            logits_chunk_tokens=config.logits_chunk_tokens,
+                                            pad_scored_to=self.pad_to_multiple_of)
             # HF's layers recompute themselves when their flag is set (in training mode): auto flips it per micro-batch
             self._ckpt_layers = [m for m in self._policy.modules()
                                  if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
@@ -143,11 +147,6 @@ class Trainer:
                               else runtime_flag and self.world_size == 1 and self.precision.dtype == "bf16")
         if self.keep_gathered and self.rank == 0:
             logger.info("trainer weights kept gathered through each step (keep_gathered %s)", config.keep_gathered)
-        self.pad_to_multiple_of = (config.pad_to_multiple_of if config.pad_to_multiple_of != "auto"
-                                   else 64 if self._bf16_cpu() else 1)
-        for scored in (self._policy, self._ref):
-            if scored is not None:
-                scored.pad_scored_to = self.pad_to_multiple_of
         # fixed here, before any forward, for the trainer's life: every pass over a shape takes one path
         self.attention_fp32_max_keys = self._attention_limit()
         self._optimizer, self._scheduler = make_optimizer(self._policy, config.optimizer)

@@ -91,17 +91,19 @@ class ScoredLM(nn.Module):
     """
 
     def __init__(self, lm: PreTrainedModel, logits_chunk_tokens: int | None = None, *,
-                 lora: LoraConfig | None = None, peft: PeftModel | None = None) -> None:
+                 lora: LoraConfig | None = None, peft: PeftModel | None = None, pad_scored_to: int = 1) -> None:
         super().__init__()
         self.lm = lm
-        self.logits_chunk_tokens = logits_chunk_tokens
+        # the head runs on the scored positions padded to a multiple of ``pad_scored_to`` (zero rows, outputs
+        # dropped), in chunks of whole multiples, so that its matmuls repeat a few shapes
+        # (TrainerConfig.pad_to_multiple_of)
+        self.pad_scored_to = pad_scored_to
+        self.logits_chunk_tokens = (logits_chunk_tokens if logits_chunk_tokens is None or pad_scored_to == 1
+                                    else max(logits_chunk_tokens // pad_scored_to, 1) * pad_scored_to)
         self.lora = lora
         # peft's wrapper holds ``lm`` too: kept out of the module tree (a plain attribute) so that FSDP and the
         # state dict see each parameter once, under ``lm``
         self.__dict__["_peft"] = peft
-        # the head runs on the scored positions padded to a multiple of this (zero rows, outputs dropped), so that
-        # its matmuls repeat a few shapes (TrainerConfig.pad_to_multiple_of; the Trainer sets it)
-        self.pad_scored_to = 1
         text_cfg = lm.config.get_text_config()
         self._softcap: float | None = getattr(text_cfg, "final_logit_softcapping", None)
 
@@ -137,8 +139,6 @@ class ScoredLM(nn.Module):
         self, h: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
     ) -> tuple[Tensor, Tensor | None]:
         chunk = self.logits_chunk_tokens
-        if chunk is not None and self.pad_scored_to > 1:  # whole multiples: every chunk keeps the padding's shapes
-            chunk = max(chunk // self.pad_scored_to, 1) * self.pad_scored_to
         if chunk is None or h.shape[0] <= chunk:
             return self._score(h, targets, temperature, entropy)
         parts = [
@@ -227,6 +227,7 @@ def build_policy(
     logits_chunk_tokens: int | None = None,
     lora: LoraConfig | None = None,
     lean_activations: bool = False,
+    pad_scored_to: int = 1,
 ) -> tuple[ScoredLM, bool]:
     """Load an HF causal LM in fp32 (its frozen weights in bf16 when computing in bf16: a reference model, a LoRA
     base), add LoRA adapters if ``lora``
@@ -265,7 +266,8 @@ def build_policy(
         for p in lm.parameters():  # tied weights are one Parameter: cast once, still tied
             if not p.requires_grad:
                 p.data = p.data.to(torch.bfloat16)
-    wrapper = ScoredLM(lm, logits_chunk_tokens, lora=lora if peft is not None else None, peft=peft)
+    wrapper = ScoredLM(lm, logits_chunk_tokens, lora=lora if peft is not None else None, peft=peft,
+                       pad_scored_to=pad_scored_to)
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if dtype == "bf16"
