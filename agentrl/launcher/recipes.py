@@ -83,7 +83,8 @@ DEMO: dict[str, Any] = {
     # micro_batch_tokens 1024 (one group's prompt and 8 responses a micro-batch): the demo's step (fp32, 48
     # trajectories) peaked at 12.0 GB with 4096 (all six groups' activations alive at once, 1.34 MB a token) and at
     # 5.7 GB with 1024, in the same CPU time (benchmarks/trainer_bench.py --shape demo; docs/results.md, issue 24);
-    # activation_checkpointing auto then stays off (0.8 GB of activations, under its 2 GB budget).
+    # activation_checkpointing auto then stays off (0.8 GB of activations, under its 2 GB budget). On an AMX Xeon in
+    # bf16, 2048 made the step 1.22x faster for +2.0 GB of the trainer's peak: the demo would leave 8 GiB.
     # lr cosine to a tenth over the run: at a constant 3e-5 the policy swung late in the run between the SFT pattern
     # and parentheses everywhere (a fp32 Xeon without AMX, seed 0: .975 at v20, .75 at v25, 0.50 after RL); the
     # trained groups then are mostly the parenthesis wordings' (the others solved, dropped as uniform), so each full

@@ -150,7 +150,8 @@ class TrainerSettings(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()  # frozen: sharing the default instance is safe
     loss: LossConfig = LossConfig()
     # budget of one micro-batch, padding included; decoder activations grow with it (SmolLM2-135M: 1.34 MB a token
-    # in fp32), not the step's work: on a CPU a smaller micro-batch costs next to nothing (docs/results.md)
+    # in fp32), not the step's work: on an fp32 CPU a smaller micro-batch costs next to nothing; AMX's bf16 matmuls
+    # run ~2x faster on rows of 1,024+ tokens than on ~576 (the demo's step 1.22x, +2-3 GB; docs/results.md)
     micro_batch_tokens: int = Field(default=8192, gt=0)
     # shared_prefix: a group's prompt runs once for all its responses (agentrl.trainer.shared_prefix)
     layout: Literal["packed", "padded", "shared_prefix"] = "packed"
