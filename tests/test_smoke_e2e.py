@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.data.arithmetic import FAMILIES
+
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.redis]  # the run starts its own of each
 
 AGENTRL = [sys.executable, "-m", "agentrl.cli"]
@@ -215,6 +217,11 @@ def test_rollout_pass_rate_per_version_matches_the_rollouts(smoke_run: Path):
     assert set(counts) == {"0", "1"}
     # the tiny model never answers right, so SkipSolved (on here) never finds a mastered prompt
     assert summary["tasks_skipped_solved"] == 0
+    # the same groups by wording: every episode counted once, under a generated problem's template, none solved
+    by_key = summary["rollout_solve_by_key"]
+    assert sum(k["episodes"] for k in by_key.values()) == sum(n for _, n in counts.values())
+    assert set(by_key) <= {t.text for family in FAMILIES.values() for t in family}
+    assert summary["rollout_keys_never_solved"] == summary["rollout_keys_seen"] == len(by_key) > 0
 
 
 def test_held_out_accuracy_was_evaluated_during_rl(smoke_run: Path):

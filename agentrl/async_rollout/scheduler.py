@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentrl.async_rollout.config import RolloutConfig
-from agentrl.async_rollout.curriculum import solved
+from agentrl.async_rollout.curriculum import solved, task_key
 from agentrl.async_rollout.staleness import StalenessManager
 from agentrl.env.agent import AgentEnv
 from agentrl.env.base import Environment
@@ -93,6 +93,10 @@ class RolloutStats:
     # every finished group, queued or dropped by dynamic sampling, by the newest version among its tokens:
     # [episodes solved, episodes] (the trained groups alone are ~half solved by construction)
     solved_by_version: dict[int, list[int]] = field(default_factory=dict)
+    # the same by task key (a generated problem's wording, else the prompt: curriculum.task_key): [episodes solved,
+    # episodes, first version that solved one (-1: none yet)]. A key RL never solves, or solves late, is where
+    # exploration failed: no group of it carried a signal (the demo's failed seeds: one wording at 0 for 25 versions)
+    solved_by_key: dict[str, list[int]] = field(default_factory=dict)
     versions_loaded: list[int] = field(default_factory=list)
     reload_s: list[float] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
@@ -272,9 +276,16 @@ class RolloutScheduler:
 
     def _observe(self, task: Task, group: list[Trajectory]) -> None:
         versions = [t.weight_versions[t.loss_mask.astype(bool)].max() for t in group if t.num_model_tokens]
-        counts = self.stats.solved_by_version.setdefault(int(max(versions)) if versions else self.version, [0, 0])
-        counts[0] += sum(map(solved, group))
+        version = int(max(versions)) if versions else self.version
+        n_solved = sum(map(solved, group))
+        counts = self.stats.solved_by_version.setdefault(version, [0, 0])
+        counts[0] += n_solved
         counts[1] += len(group)
+        by_key = self.stats.solved_by_key.setdefault(task_key(task), [0, 0, -1])
+        by_key[0] += n_solved
+        by_key[1] += len(group)
+        if n_solved and (by_key[2] < 0 or version < by_key[2]):
+            by_key[2] = version
         observe = getattr(self.tasks, "observe", None)  # e.g. SkipSolved
         if observe is not None:
             observe(task, group)

@@ -74,6 +74,15 @@ CONTRAST_TEMPLATES = (
     Template("Multiply {a} by {b}, then take {c} away.", "{a} * {b} - {c}"),
 )
 
+# A phrase wording that names c before "the sum of a and b", for SFT: after the demo's SFT (``sft``, 4 steps) the policy
+# wrote a right answer to the RL wordings that name c first ("Multiply c by the sum of a and b", the club, the bags)
+# in 0.7 % of its samples at T 1.3 (seeds 1 and 2 alike; 48 samples a wording), so RL found them only by luck: on the
+# AMX Xeon seed 1 learnt them, seed 2 never did (held-out "c times the sum" 0/10). With it and the parenthesis wordings
+# twice (``sft_paren``): "Multiply c by the sum" 0.79, the c-first wordings 0.35 (seed 2; docs/results.md, issue 24).
+CFIRST_SUM_TEMPLATES = (
+    Template("What is the product of {c} and the sum of {a} and {b}?", "{c} * ({a} + {b})"),
+)
+
 HELDOUT_TEMPLATES = (
     Template("A baker makes {a} trays of {b} cookies and eats {c} of them. How many cookies remain?",
              "{a} * {b} - {c}"),
@@ -92,6 +101,8 @@ def _weighted(templates: tuple[Template, ...], *, paren: int, plain: int) -> tup
 
 FAMILIES: dict[str, tuple[Template, ...]] = {
     "sft": SFT_TEMPLATES,
+    # ``sft`` plus the c-first sum phrase, each wording whose answer takes parentheses twice (5 x 2, 5 x 1 a block)
+    "sft_paren": _weighted(SFT_TEMPLATES + CFIRST_SUM_TEMPLATES, paren=2, plain=1),
     "rl": SFT_TEMPLATES + NEW_TEMPLATES,
     "new": NEW_TEMPLATES,
     # ``new`` with as many parenthesis tasks as others (4 wordings x 3, 6 x 2 in each block of 24), for RL

@@ -72,12 +72,54 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         "rollout_solve_rate_by_version": {str(v): round(s / n, 4) for v, (s, n)
                                           in sorted(rollout_stats.get("solved_by_version", {}).items()) if n},
     }
+    summary.update(_by_key(rollout_stats.get("solved_by_key") or {}))
     for label in ("before", "sft", "after"):
         if label in evals:
             summary[f"heldout_accuracy_{label}"] = evals[label]["accuracy"]
             summary[f"heldout_reward_{label}"] = evals[label]["reward_mean"]
     summary.update(curve_figures(evals))  # heldout_curve, time_to_heldout_0.9_s / _rl_s
     return summary
+
+
+#: a run with at most this many task keys (the demo's 11 wordings, a small dataset) lists each in summary.json and the
+#: report; with more (a dataset's prompts) only the counts are kept
+KEYS_LISTED = 64
+
+
+def _by_key(solved_by_key: dict[str, list[int]]) -> dict[str, Any]:
+    """Every finished group's outcome by task key (``curriculum.task_key``: a generated problem's wording, else the
+    prompt): how many keys RL saw, never solved, always solved; each key's pass rate and the first weight version
+    that solved it when there are few keys."""
+    if not solved_by_key:
+        return {}
+    out: dict[str, Any] = {
+        "rollout_keys_seen": len(solved_by_key),
+        "rollout_keys_never_solved": sum(1 for s, _, _ in solved_by_key.values() if s == 0),
+        "rollout_keys_always_solved": sum(1 for s, n, _ in solved_by_key.values() if n and s == n)}
+    if len(solved_by_key) <= KEYS_LISTED:
+        out["rollout_solve_by_key"] = {
+            key: {"solve_rate": round(s / n, 4) if n else 0.0, "episodes": n,
+                  "first_solved_version": first if first >= 0 else None}
+            for key, (s, n, first) in sorted(solved_by_key.items(), key=lambda kv: (kv[1][0] / max(kv[1][1], 1), kv[0]))}
+    return out
+
+
+def _by_key_lines(summary: dict[str, Any]) -> list[str]:
+    by_key = summary.get("rollout_solve_by_key")
+    if not by_key:
+        if "rollout_keys_seen" not in summary:
+            return []
+        return [f"Training prompts: {summary['rollout_keys_seen']} seen, {summary['rollout_keys_never_solved']} never "
+                f"solved in any group, {summary['rollout_keys_always_solved']} always solved.", ""]
+    lines = ["### Rollout pass rate by training wording (prompt)", "",
+             "Every finished group, dropped ones included; a wording never solved, or first solved late, is one "
+             "RL found no signal for.", "", "| wording | episodes | solved | first solved at |", "|---|---|---|---|"]
+    for key, k in by_key.items():
+        first = k["first_solved_version"]
+        text = " ".join(key.split()).replace("|", "\\|")
+        lines.append(f"| {text[:117] + '...' if len(text) > 120 else text} | {k['episodes']} | {k['solve_rate']:.2f} | "
+                     f"{'never' if first is None else f'v{first}'} |")
+    return [*lines, ""]
 
 
 def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -102,6 +144,7 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> None:
                   "construction when dynamic sampling is on): "
                   + ", ".join(f"v{v} {rate:.2f}" for v, rate in solve.items())
                   + f"; prompts skipped as mastered: {summary.get('tasks_skipped_solved', 0)}.", ""]
+    lines += _by_key_lines(summary)
     lines += ["## Training", "", "| step | version | reward | staleness mean/max | trajectories | tokens | time s |",
               "|---|---|---|---|---|---|---|"]
     for r in records:

@@ -96,3 +96,8 @@ async def test_the_scheduler_reports_every_group_and_skips_what_is_mastered(chat
     assert sum(n for _, n in stats.solved_by_version.values()) == 6 * ran
     easy_solved = 6 * seen.count("easy")
     assert sum(s for s, _ in stats.solved_by_version.values()) >= easy_solved
+    # the same outcomes by task key: every "easy" episode solved from v0 on, "hard" ones about half
+    easy, hard = stats.solved_by_key["easy"], stats.solved_by_key["hard"]
+    assert easy == [easy_solved, easy_solved, 0]
+    assert hard[1] == 6 * seen.count("hard") and 0 < hard[0] < hard[1] and hard[2] >= 0
+    assert sum(s for s, _, _ in stats.solved_by_key.values()) == sum(s for s, _ in stats.solved_by_version.values())

@@ -104,7 +104,7 @@ def test_the_contrast_family_adds_a_plain_multiply_wording_and_no_heldout_one():
     multiply = [t for t in wordings if t.text.startswith("Multiply")]
     assert {"(" in t.expr for t in multiply} == {True, False}  # the contrast: not every "Multiply" takes parentheses
     # no training family holds a held-out wording, nor a prompt a held-out template would match
-    for family in ("sft", "rl", "new", "new_balanced", "new_contrast"):
+    for family in ("sft", "sft_paren", "rl", "new", "new_balanced", "new_contrast"):
         assert not set(FAMILIES[family]) & set(FAMILIES["heldout"])
         for p in problems(family, len(FAMILIES[family])):
             assert template_of(p.task.prompt, FAMILIES["heldout"]) is None
@@ -126,3 +126,47 @@ def test_the_wording_breakdown_has_a_column_per_evaluation_during_rl(tmp_path):
     report = (run / "report.md").read_text()
     assert "| wording | SFT | v2 | v5 | v10 | RL |" in report
     assert f"| {FAMILIES['heldout'][0].text} | 1/2 | 0/2 | 1/2 | 1/2 | 2/2 |" in report
+
+
+def test_the_parenthesis_sft_family_adds_a_c_first_sum_phrase_and_doubles_the_parenthesis_wordings():
+    import re
+    from collections import Counter
+
+    from agentrl.data.arithmetic import CFIRST_SUM_TEMPLATES
+
+    counts = Counter(FAMILIES["sft_paren"])
+    assert set(counts) == set(FAMILIES["sft"]) | set(CFIRST_SUM_TEMPLATES)
+    assert all(n == (2 if "(" in t.expr else 1) for t, n in counts.items())
+    phrase = problems("sft_paren", len(FAMILIES["sft_paren"]))[-1]  # the last entry: the phrase (weighted, in order)
+    assert phrase.task.metadata["template"] == CFIRST_SUM_TEMPLATES[0].text
+    c, a, b = (int(x) for x in re.findall(r"\d+", phrase.task.prompt))
+    assert phrase.task.answer == str(c * (a + b))  # c named first, the sum after it
+
+
+def test_the_books_break_the_rollout_pass_rate_down_by_training_wording(tmp_path):
+    run = _run_dir(tmp_path)
+    kw = {"evals": {}, "served_version": 3, "engine_url": "http://x", "queue_left": 0, "trainer_restarts": 0,
+          "wall_time_s": 1.0}
+    by_key = {"Multiply {c} by the sum of {a} and {b}.": [0, 48, -1], "What is {a} | {b}?": [16, 16, 0],
+              "A club has {c} teams.": [6, 24, 7]}
+    summary = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 24,
+                                                                 "solved_by_key": by_key}, **kw)
+    assert (summary["rollout_keys_seen"], summary["rollout_keys_never_solved"],
+            summary["rollout_keys_always_solved"]) == (3, 1, 1)
+    listed = summary["rollout_solve_by_key"]
+    assert list(listed) == ["Multiply {c} by the sum of {a} and {b}.", "A club has {c} teams.", "What is {a} | {b}?"]
+    assert listed["A club has {c} teams."] == {"solve_rate": 0.25, "episodes": 24, "first_solved_version": 7}
+    assert listed["Multiply {c} by the sum of {a} and {b}."]["first_solved_version"] is None
+    write_report(run, summary)
+    report = (run / "report.md").read_text()
+    assert "| Multiply {c} by the sum of {a} and {b}. | 48 | 0.00 | never |" in report
+    assert "| A club has {c} teams. | 24 | 0.25 | v7 |" in report
+    assert "| What is {a} \\| {b}? | 16 | 1.00 | v0 |" in report  # a table cell cannot hold a bare |
+
+    # a dataset's many prompts: the counts only
+    many = {f"prompt {i}": [i % 2, 8, 0 if i % 2 else -1] for i in range(100)}
+    summary = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 24, "solved_by_key": many},
+                        **kw)
+    assert "rollout_solve_by_key" not in summary and summary["rollout_keys_never_solved"] == 50
+    write_report(run, summary)
+    assert "Training prompts: 100 seen, 50 never solved in any group, 0 always solved." in (run / "report.md").read_text()
