@@ -96,11 +96,17 @@ class RolloutStats:
     # the same by task key (a generated problem's wording, else the prompt: curriculum.task_key): [episodes solved,
     # episodes, first version that solved one (-1: none yet)]. A key RL never solves, or solves late, is where
     # exploration failed: no group of it carried a signal (the demo's failed seeds: one wording at 0 for 25 versions)
+    # Bounded: the first KEYS_TRACKED keys (a dataset's prompts are keys: their text is kept); groups of later new keys
+    # are counted in groups_untracked_key only
     solved_by_key: dict[str, list[int]] = field(default_factory=dict)
+    groups_untracked_key: int = 0
     versions_loaded: list[int] = field(default_factory=list)
     reload_s: list[float] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
 
+
+#: task keys whose outcomes RolloutStats.solved_by_key keeps (their text included): ~4 MB for prompts of 1 KB
+KEYS_TRACKED = 4096
 
 Episode = list[Trajectory]  # one episode's trajectories (an agent episode: one per token branch)
 
@@ -281,11 +287,16 @@ class RolloutScheduler:
         counts = self.stats.solved_by_version.setdefault(version, [0, 0])
         counts[0] += n_solved
         counts[1] += len(group)
-        by_key = self.stats.solved_by_key.setdefault(task_key(task), [0, 0, -1])
-        by_key[0] += n_solved
-        by_key[1] += len(group)
-        if n_solved and (by_key[2] < 0 or version < by_key[2]):
-            by_key[2] = version
+        key = task_key(task)
+        by_key = self.stats.solved_by_key.get(key)
+        if by_key is None and len(self.stats.solved_by_key) >= KEYS_TRACKED:
+            self.stats.groups_untracked_key += 1
+        else:
+            by_key = self.stats.solved_by_key.setdefault(key, [0, 0, -1])
+            by_key[0] += n_solved
+            by_key[1] += len(group)
+            if n_solved and (by_key[2] < 0 or version < by_key[2]):
+                by_key[2] = version
         observe = getattr(self.tasks, "observe", None)  # e.g. SkipSolved
         if observe is not None:
             observe(task, group)

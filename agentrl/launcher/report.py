@@ -72,7 +72,7 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
         "rollout_solve_rate_by_version": {str(v): round(s / n, 4) for v, (s, n)
                                           in sorted(rollout_stats.get("solved_by_version", {}).items()) if n},
     }
-    summary.update(_by_key(rollout_stats.get("solved_by_key") or {}))
+    summary.update(_by_key(rollout_stats.get("solved_by_key") or {}, rollout_stats.get("groups_untracked_key", 0)))
     for label in ("before", "sft", "after"):
         if label in evals:
             summary[f"heldout_accuracy_{label}"] = evals[label]["accuracy"]
@@ -86,14 +86,15 @@ def summarize(cfg: RunConfig, run_dir: Path, *, rollout_stats: dict[str, Any], e
 KEYS_LISTED = 64
 
 
-def _by_key(solved_by_key: dict[str, list[int]]) -> dict[str, Any]:
+def _by_key(solved_by_key: dict[str, list[int]], untracked_groups: int = 0) -> dict[str, Any]:
     """Every finished group's outcome by task key (``curriculum.task_key``: a generated problem's wording, else the
     prompt): how many keys RL saw, never solved, always solved; each key's pass rate and the first weight version
-    that solved it when there are few keys."""
+    that solved it when there are few keys. The rollout side tracks its first ``KEYS_TRACKED`` keys
+    (agentrl.async_rollout.scheduler); groups of later ones are ``rollout_groups_untracked_key``."""
     if not solved_by_key:
         return {}
     out: dict[str, Any] = {
-        "rollout_keys_seen": len(solved_by_key),
+        "rollout_keys_seen": len(solved_by_key), "rollout_groups_untracked_key": untracked_groups,
         "rollout_keys_never_solved": sum(1 for s, _, _ in solved_by_key.values() if s == 0),
         "rollout_keys_always_solved": sum(1 for s, n, _ in solved_by_key.values() if n and s == n)}
     if len(solved_by_key) <= KEYS_LISTED:
@@ -109,8 +110,11 @@ def _by_key_lines(summary: dict[str, Any]) -> list[str]:
     if not by_key:
         if "rollout_keys_seen" not in summary:
             return []
+        untracked = summary.get("rollout_groups_untracked_key", 0)
         return [f"Training prompts: {summary['rollout_keys_seen']} seen, {summary['rollout_keys_never_solved']} never "
-                f"solved in any group, {summary['rollout_keys_always_solved']} always solved.", ""]
+                f"solved in any group, {summary['rollout_keys_always_solved']} always solved"
+                + (f" ({untracked} groups of prompts after the first {summary['rollout_keys_seen']} not counted)."
+                   if untracked else "."), ""]
     lines = ["### Rollout pass rate by training wording (prompt)", "",
              "Every finished group, dropped ones included; a wording never solved, or first solved late, is one "
              "RL found no signal for.", "", "| wording | episodes | solved | first solved at |", "|---|---|---|---|"]

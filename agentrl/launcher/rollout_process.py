@@ -392,6 +392,7 @@ class RolloutWorker:
                 "model_tokens": stats.model_tokens, "generated_tokens": stats.generated_tokens,
                 "tasks_skipped_solved": tasks.skipped if isinstance(tasks, SkipSolved) else 0,
                 "solved_by_version": stats.solved_by_version, "solved_by_key": stats.solved_by_key,
+                "groups_untracked_key": stats.groups_untracked_key,
                 "versions_loaded": stats.versions_loaded,
                 "reload_s_mean": sum(stats.reload_s) / len(stats.reload_s) if stats.reload_s else None}
 

@@ -101,3 +101,28 @@ async def test_the_scheduler_reports_every_group_and_skips_what_is_mastered(chat
     assert easy == [easy_solved, easy_solved, 0]
     assert hard[1] == 6 * seen.count("hard") and 0 < hard[0] < hard[1] and hard[2] >= 0
     assert sum(s for s, _, _ in stats.solved_by_key.values()) == sum(s for s, _ in stats.solved_by_version.values())
+
+
+async def test_the_outcomes_by_key_are_bounded_to_the_first_keys(chat_tokenizer, monkeypatch):
+    """A dataset's prompts are keys: past KEYS_TRACKED of them, a new key's groups are counted, not kept."""
+    from agentrl.async_rollout import scheduler as scheduler_mod
+
+    monkeypatch.setattr(scheduler_mod, "KEYS_TRACKED", 2)
+
+    class Env(OneTurnEnv):
+        async def score(self, response):
+            return RewardResult.scored(1.0)
+
+    engine, registry = SimEngine(lambda key: 0.001), SimRegistry()
+    trainer = FifoTrainer(1, registry)
+    scheduler = RolloutScheduler(
+        runner=EpisodeRunner(engine, chat_tokenizer, SamplingParams(max_new_tokens=4)), engine=engine,
+        make_env=Env, env_name="one", tasks=keyed("a", "b", "c"), sink=trainer, weights=registry,
+        config=RolloutConfig(n_samples=2, groups_per_step=1, max_staleness=1, max_running_groups=1))
+    async with asyncio.timeout(60):
+        train = asyncio.create_task(trainer.run(6))
+        stats = await scheduler.run(total_groups=6, final_version=6)
+        await train
+    assert set(stats.solved_by_key) == {"a", "b"}  # one group at a time: the stream's order
+    assert stats.solved_by_key["a"] == [4, 4, 0] and stats.solved_by_key["b"][:2] == [4, 4]
+    assert stats.groups_untracked_key == 2  # the two groups of "c"

@@ -170,3 +170,8 @@ def test_the_books_break_the_rollout_pass_rate_down_by_training_wording(tmp_path
     assert "rollout_solve_by_key" not in summary and summary["rollout_keys_never_solved"] == 50
     write_report(run, summary)
     assert "Training prompts: 100 seen, 50 never solved in any group, 0 always solved." in (run / "report.md").read_text()
+    summary = summarize(RunConfig(name="r"), run, rollout_stats={"trajectories_produced": 24, "solved_by_key": many,
+                                                                 "groups_untracked_key": 7}, **kw)
+    assert summary["rollout_groups_untracked_key"] == 7
+    write_report(run, summary)
+    assert "(7 groups of prompts after the first 100 not counted)." in (run / "report.md").read_text()
