@@ -49,6 +49,9 @@ def serve(
     image: Annotated[str | None, typer.Option(help="docker backend: the sandbox image")] = None,
 ) -> None:
     """Serve a sandbox over HTTP: SandboxFusion's /run_code and /run_jupyter, plus /v1/run and sessions."""
+    if backend == "remote":  # before any import or start: there is no --url to proxy to, and serving one is not ours
+        raise typer.BadParameter("sandbox serve runs programs on this machine: local, docker or auto "
+                                 "(remote is `sandbox run --backend remote --url URL`)", param_hint="--backend")
     import uvicorn
 
     from agentrl.sandbox import make_sandbox

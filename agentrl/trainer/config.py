@@ -179,8 +179,8 @@ class TrainerSettings(_Strict):
     # the step's end: no gather and cast for every micro-batch's forward, recomputation and backward pass (gradients
     # are still reduced into the shards after each backward). Costs one copy of the weights in the compute dtype for
     # the step. auto: on for one rank in bf16. Off by default: the demo's bf16 step alone on an AMX Xeon took 18.5 s
-    # instead of 22.2 (+0.29 GB; fp32: 2 %), but in a demo run with it (seed 2) the trainer computed 39 s a step where
-    # three runs without it computed 30-32, not yet explained (docs/results.md)
+    # instead of 22.2 (+0.16-0.29 GB; fp32: 2 %), but in the demo, with SGLang decoding on the other core, two runs
+    # with it computed a median 39.0 and 30.4 s a step where four without it computed 28.3-31.6 (docs/results.md)
     keep_gathered: bool | Literal["auto"] = False
     # scored positions per LM-head + log-softmax chunk (each chunk recomputed in the backward pass): at most
     # 4 * vocab * logits_chunk_tokens bytes of logits alive at once; null: all of a micro-batch's at once

@@ -175,6 +175,16 @@ def test_cli_run(tmp_path: Path) -> None:
     assert "from the sandbox piped" in result.output
 
 
+def test_cli_serve_refuses_the_remote_backend_with_what_it_takes() -> None:
+    from typer.testing import CliRunner
+
+    from agentrl.sandbox.cli import sandbox_app
+
+    result = CliRunner().invoke(sandbox_app, ["serve", "--backend", "remote"])
+    assert result.exit_code == 2, result.output
+    assert "local, docker or auto" in result.output and "--backend" in result.output
+
+
 async def test_ping_reports_running_and_queued_requests(local: LocalSandbox) -> None:
     from agentrl.sandbox.schemas import ServerLoad
 
