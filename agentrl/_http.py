@@ -1,5 +1,5 @@
-"""The edge of agentrl's two HTTP servers (the sandbox server and the eval REST service), written once: the bearer-token
-check and the request-body limit.
+"""The edge of agentrl's HTTP servers (the sandbox server, the eval REST service, the agent gateway, the MCP server),
+written once: the bearer-token check and the request-body limit.
 
 A floor module: it imports only FastAPI/Starlette, so the sandbox (low in the dependency order) and the API (high)
 both use it without an arrow pointing up or sideways.
