@@ -40,7 +40,7 @@ class Round:
 
 
 async def one_round(client: SGLangClient, args: argparse.Namespace, rng: random.Random, share: bool) -> Round:
-    await client.flush_cache()
+    await client.flush_cache(wait_s=60)  # the last round's aborted requests may still be finishing
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.3, ignore_eos=True)
     prompts = [[rng.randrange(100, 40000) for _ in range(args.prompt_tokens)] for _ in range(args.groups)]
     shared = SharedPrefill(client)

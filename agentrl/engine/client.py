@@ -310,8 +310,20 @@ class SGLangClient:
         """``/resume_memory_occupation``: take back what :meth:`release_memory` freed."""
         await self._call("POST", "/resume_memory_occupation", json={}, timeout_s=self.timeouts.update_weights_s)
 
-    async def flush_cache(self) -> None:
-        await self._call("POST", "/flush_cache", timeout_s=self.timeouts.control_s)
+    async def flush_cache(self, *, wait_s: float = 0.0) -> None:
+        """``/flush_cache``: empty the server's prefix cache. SGLang flushes only when no request is running or
+        waiting; with ``wait_s`` > 0 it waits up to that long for such a moment (its own deferred flush, the
+        ``timeout`` query), else it refuses at once. A refusal raises :class:`EngineError` saying why."""
+        if wait_s < 0:
+            raise ValueError(f"wait_s must be >= 0, got {wait_s}")
+        path = f"/flush_cache?timeout={wait_s:g}" if wait_s else "/flush_cache"
+        try:
+            await self._call("POST", path, timeout_s=self.timeouts.control_s + wait_s)
+        except EngineError as exc:
+            if "HTTP 400" not in str(exc):
+                raise
+            raise EngineError(f"{self.url} did not flush its cache: requests were running or waiting"
+                              f"{f' for all of {wait_s:g}s' if wait_s else ' (wait_s=0)'}; {exc}") from exc
 
     async def aclose(self) -> None:
         if self._background:

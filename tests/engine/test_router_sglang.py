@@ -4,32 +4,16 @@ weight update fanned out by the pool is what the router then serves, and a route
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
 from agentrl.engine import EnginePool, PoolConfig, SamplingParams, SGLangClient
 from agentrl.engine.router import SGLangRouter
-from agentrl.errors import EngineError
 
 pytestmark = pytest.mark.sglang
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
-
-
-async def _flush(client: SGLangClient, within_s: float = 60.0) -> None:
-    """SGLang refuses ``/flush_cache`` (HTTP 400) while any request is unfinished — on the shared server, e.g. a
-    previous test's aborted ones or the router's health probe: retry until it is idle."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            return await client.flush_cache()
-        except EngineError as exc:
-            if "Flush cache failed" not in str(exc) or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
 
 
 async def test_generation_through_the_router_is_the_servers_own_and_survives_the_router(
@@ -41,9 +25,9 @@ async def test_generation_through_the_router_is_the_servers_own_and_survives_the
             before = await direct.weight_version()
             # each from an empty prefix cache: a cached prefix prefills fewer tokens, and on some CPUs (an AMX
             # Xeon) the other matmul shapes round the logprobs differently (~1e-6)
-            await _flush(direct)
+            await direct.flush_cache(wait_s=60)  # the router's health probe may be running
             ours = await pool.generate([1, 5, 9, 13], GREEDY)
-            await _flush(direct)
+            await direct.flush_cache(wait_s=60)  # the router's health probe may be running
             theirs = await direct.generate([1, 5, 9, 13], GREEDY)
             assert ours.output_ids == theirs.output_ids and ours.logprobs == theirs.logprobs
             assert pool.stats()[0].requests == 0, "the router routed it, not the pool"

@@ -37,6 +37,25 @@ async def test_pause_abort_returns_partial_tokens_then_resume_serves(sglang_url)
         assert len(after.output_ids) == 3 and after.finish is EngineFinish.LENGTH
 
 
+async def test_flush_cache_is_refused_while_a_request_runs_and_with_wait_s_flushes_once_idle(sglang_url):
+    async with SGLangClient(sglang_url) as client:
+        task = await _running(client)
+        try:
+            with pytest.raises(EngineError, match="did not flush its cache: requests were running or waiting"):
+                await client.flush_cache()
+            waiting = asyncio.create_task(client.flush_cache(wait_s=60))
+            await asyncio.sleep(1.0)
+            assert not waiting.done(), "flushed under a running request"
+            await client.abort_all()
+            await asyncio.wait_for(waiting, 60)  # SGLang's deferred flush ran once the server was idle
+        finally:
+            await client.abort_all()
+            out = await asyncio.wait_for(task, 60)
+        assert out.finish is EngineFinish.ABORT
+        with pytest.raises(ValueError, match="wait_s must be >= 0"):
+            await client.flush_cache(wait_s=-1)
+
+
 @pytest.mark.parametrize("mode", ["retract", "in_place"])
 async def test_paused_request_continues_on_the_new_weights(sglang_url, tiny_model_path, mode):
     async with SGLangClient(sglang_url) as client:
