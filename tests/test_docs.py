@@ -35,3 +35,48 @@ def test_every_eval_server_setting_is_documented_in_the_readme() -> None:
     text = README.read_text()
     missing = [k for k in ApiSettings.model_fields if f"`{k}`" not in text]
     assert not missing, f"README.md does not name these `agentrl serve` settings: {missing}"
+
+
+def test_the_defaults_the_readme_states_are_the_code_s() -> None:
+    """Where the configuration table writes a key's default as a value, "`key` (16384…", "`ray` (true…", it is the
+    value a run gets (RunConfig's defaults; a key is looked up in its own section's row). Descriptions in place of a
+    value ("`url` (use running SGLang servers…") are not checked."""
+    import re
+
+    from agentrl.launcher.config import RunConfig
+
+    rows: dict[str, str] = {}
+    for line in README.read_text().splitlines():
+        if m := re.match(r"\| (top level|`(\w+)`) \| (.*)\|\s*$", line):
+            rows.setdefault(m.group(2) or "top level", line)
+    assert {"top level", "engine", "rollout", "trainer", "sft", "resources"} <= set(rows), sorted(rows)
+    number = re.compile(r"^-?\d[\d,]*(\.\d+)?(e-?\d+)?$")
+
+    def written(token: str) -> object:
+        token = token.strip("`").rstrip(",")
+        if token == "null":
+            return None
+        if token in ("true", "false"):
+            return token == "true"
+        return float(token.replace(",", "")) if number.match(token) else token
+
+    defaults = RunConfig().model_dump(mode="json")
+    checked, wrong = 0, []
+    for key in config_keys():
+        parts = key.split(".")
+        value: object = defaults
+        for part in parts:
+            value = value.get(part, KeyError) if isinstance(value, dict) else KeyError
+        row = rows.get(parts[0] if len(parts) > 1 else "top level")
+        if value is KeyError or isinstance(value, (dict, list)) or row is None:
+            continue
+        want = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        for token in re.findall(rf"`{re.escape(parts[-1])}` \(([^;:)\s]+)", row):
+            got = written(token)
+            if isinstance(got, str) and not isinstance(want, str):
+                continue  # a description, not a value
+            checked += 1
+            if got != want:
+                wrong.append(f"{key}: the README says {token!r}, the code {value!r}")
+    assert checked > 100, checked
+    assert not wrong, wrong
