@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from agentrl.launcher.config import config_keys
 
@@ -80,3 +81,27 @@ def test_the_defaults_the_readme_states_are_the_code_s() -> None:
                 wrong.append(f"{key}: the README says {token!r}, the code {value!r}")
     assert checked > 100, checked
     assert not wrong, wrong
+
+
+def test_every_command_line_option_is_named_in_the_readme() -> None:
+    import typer.main
+
+    from agentrl import cli
+
+    text = README.read_text()
+    seen, missing = 0, []
+
+    def walk(command: Any, path: str) -> None:  # typer's own click: groups have commands, options a type name
+        nonlocal seen
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+        for param in command.params:
+            if param.param_type_name == "option" and not param.hidden:
+                for opt in (o for o in (*param.opts, *param.secondary_opts) if o.startswith("--")):
+                    seen += 1
+                    if opt not in text:
+                        missing.append(f"{path} {opt}")
+
+    walk(typer.main.get_command(cli.app), "agentrl")
+    assert seen > 50, seen
+    assert not missing, f"README.md does not name these command-line options: {missing}"
