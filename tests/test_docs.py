@@ -105,3 +105,12 @@ def test_every_command_line_option_is_named_in_the_readme() -> None:
     walk(typer.main.get_command(cli.app), "agentrl")
     assert seen > 50, seen
     assert not missing, f"README.md does not name these command-line options: {missing}"
+
+
+def test_every_public_name_of_the_package_is_named_in_the_readme() -> None:
+    import agentrl
+
+    text = README.read_text()
+    assert len(agentrl.__all__) > 10
+    missing = [n for n in agentrl.__all__ if f"`{n}`" not in text and f"agentrl.{n}" not in text]
+    assert not missing, f"README.md does not name these public names of `agentrl`: {missing}"
