@@ -6,7 +6,8 @@
     │   └── SpecError              eval.base: a field of an evaluation spec (``loc`` names it)
     │       └── UnknownEnvironmentError
     ├── InfrastructureError        something agentrl depends on failed; never the model's fault, never a reward of 0
-    │   ├── EngineError            an inference server call failed (names the server and the call)
+    │   ├── EngineError            an inference server call failed (names the server and the call; ``status``:
+    │   │                          the HTTP status where the server answered one)
     │   │   ├── EngineUnavailable  engine.base: the server cannot be reached or dropped the connection
     │   │   ├── EngineTimeout      engine.base: a call did not finish within its deadline
     │   │   ├── _Busy              engine.client (private): a 502/503 the client's retry waits out
@@ -68,7 +69,19 @@ class InfrastructureError(AgentRLError):
 
 
 class EngineError(InfrastructureError):
-    """An inference-server call failed or timed out."""
+    """An inference-server call failed or timed out. ``status``: the HTTP status the server answered, where it
+    answered one (None: no answer, a timeout, or not an HTTP failure)."""
+
+    def __init__(self, *args: object, status: int | None = None) -> None:
+        super().__init__(*args)
+        self.status = status
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep ``status`` across pickling (Ray sends errors between processes)
+        return (_rebuild_engine_error, (type(self), self.args, self.status))
+
+
+def _rebuild_engine_error(cls: type[EngineError], args: tuple[object, ...], status: int | None) -> EngineError:
+    return cls(*args, status=status)
 
 
 class SandboxError(InfrastructureError):

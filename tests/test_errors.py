@@ -63,3 +63,18 @@ def test_the_check_can_fail() -> None:
     errors = [("agentrl.gateway.base", "SessionClosed"), ("agentrl.x", "SessionGone"), ("agentrl.x", "_Hidden"),
               ("agentrl.x", "Session")]  # a prefix of a drawn name is not drawn
     assert _undrawn(errors, tree) == ["agentrl.x.SessionGone", "agentrl.x.Session"]
+
+
+def test_engine_errors_keep_their_http_status_across_pickling() -> None:
+    """Ray sends an actor's exception to its caller pickled: the status a caller acts on (a 400 refusal) survives,
+    for the subclasses too; an error without an answer has none."""
+    import pickle
+
+    from agentrl.engine.base import EngineTimeout
+    from agentrl.errors import EngineError
+
+    for err in (EngineError("POST http://s/flush_cache failed with HTTP 400: busy", status=400),
+                EngineTimeout("POST http://s/generate timed out after 5s")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and back.args == err.args and back.status == err.status
+    assert EngineTimeout("x").status is None

@@ -128,9 +128,10 @@ class SGLangClient:
                 except aiohttp.ClientError as exc:
                     raise EngineError(f"{what} failed: {exc!r}") from exc
                 if resp.status in RETRYABLE_STATUS:
-                    raise _Busy(f"{what} answered {resp.status}: {body[:300]!r}")
+                    raise _Busy(f"{what} answered {resp.status}: {body[:300]!r}", status=resp.status)
                 if resp.status >= 400:
-                    raise EngineError(f"{what} failed with HTTP {resp.status}: {body[:500].decode(errors='replace')}")
+                    raise EngineError(f"{what} failed with HTTP {resp.status}: {body[:500].decode(errors='replace')}",
+                                      status=resp.status)
                 return _decode(body)
 
         try:
@@ -138,7 +139,7 @@ class SGLangClient:
         except aiohttp.ClientConnectorError as exc:
             raise EngineUnavailable(f"{what}: cannot connect after {self.retry.attempts} attempts: {exc!r}") from exc
         except _Busy as exc:
-            raise EngineError(f"{what} failed after {self.retry.attempts} attempts: {exc}") from exc
+            raise EngineError(f"{what} failed after {self.retry.attempts} attempts: {exc}", status=exc.status) from exc
 
     async def generate(
         self, input_ids: Sequence[int], sampling: SamplingParams, *, sticky_key: str | None = None
@@ -320,7 +321,7 @@ class SGLangClient:
         try:
             await self._call("POST", path, timeout_s=self.timeouts.control_s + wait_s)
         except EngineError as exc:
-            if "HTTP 400" not in str(exc):
+            if exc.status != 400:
                 raise
             raise EngineError(f"{self.url} did not flush its cache: requests were running or waiting"
                               f"{f' for all of {wait_s:g}s' if wait_s else ' (wait_s=0)'}; {exc}") from exc

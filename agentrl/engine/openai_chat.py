@@ -107,16 +107,17 @@ class OpenAIChatClient:
                 raise EngineError(f"{what} failed: {exc!r}") from exc
             text = raw[:500].decode(errors="replace")
             if resp.status in RETRYABLE_STATUS:
-                raise _Retryable(f"{what} answered HTTP {resp.status}: {text}")
+                raise _Retryable(f"{what} answered HTTP {resp.status}: {text}", status=resp.status)
             if resp.status in (401, 403):
                 raise EngineError(f"{what} refused the request (HTTP {resp.status}: {text}); check the API key "
-                                  "(model.api_key_env names the environment variable holding it)")
+                                  "(model.api_key_env names the environment variable holding it)", status=resp.status)
             if resp.status >= 400:
-                raise EngineError(f"{what} failed with HTTP {resp.status}: {text}")
+                raise EngineError(f"{what} failed with HTTP {resp.status}: {text}", status=resp.status)
             try:
                 return json.loads(raw)
             except ValueError as exc:
-                raise EngineError(f"{what} answered HTTP {resp.status} with a body that is not JSON: {text}") from exc
+                raise EngineError(f"{what} answered HTTP {resp.status} with a body that is not JSON: {text}",
+                                  status=resp.status) from exc
 
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -128,7 +129,7 @@ class OpenAIChatClient:
                                     f"{self.retry.attempts} attempts ({exc}); is it running? (model.openai_url)") \
                 from exc
         except _Retryable as exc:
-            raise EngineError(f"{exc} (after {self.retry.attempts} attempts)") from exc
+            raise EngineError(f"{exc} (after {self.retry.attempts} attempts)", status=exc.status) from exc
 
     async def model_name(self) -> str:
         """The model name sent with each request: the given one, or the first the server lists."""

@@ -126,6 +126,7 @@ async def test_busy_answers_are_retried_by_the_injected_policy_then_named(misbeh
         with pytest.raises(EngineError, match="failed after 3 attempts.*503") as err:
             await c.weight_version()
     assert not isinstance(err.value, EngineUnavailable)
+    assert err.value.status == 503
     assert misbehaving.hits == ["/model_info"] * 3
 
 

@@ -73,15 +73,18 @@ async def test_busy_answers_are_retried_then_reported() -> None:
         assert (await client.chat(MSGS, SamplingParams())).text == "fine"
         assert len(fake.requests) == 3
         fake.script = lambda body, turn: Error(500)
-        with pytest.raises(EngineError, match=r"HTTP 500.*after 3 attempts"):
+        with pytest.raises(EngineError, match=r"HTTP 500.*after 3 attempts") as err:
             await client.chat(MSGS, SamplingParams())
+        assert err.value.status == 500  # the last attempt's status, for callers that act on it
         fake.script = lambda body, turn: Error(401)
-        with pytest.raises(EngineError, match="api_key_env"):
+        with pytest.raises(EngineError, match="api_key_env") as err:
             await client.chat(MSGS, SamplingParams())
+        assert err.value.status == 401
         fake.script = lambda body, turn: Error(400)
         n = len(fake.requests)
-        with pytest.raises(EngineError, match="HTTP 400"):
+        with pytest.raises(EngineError, match="HTTP 400") as err:
             await client.chat(MSGS, SamplingParams())
+        assert err.value.status == 400
         assert len(fake.requests) == n + 1  # a client error is not retried
 
 
