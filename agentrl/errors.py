@@ -74,14 +74,7 @@ class EngineError(InfrastructureError):
 
     def __init__(self, *args: object, status: int | None = None) -> None:
         super().__init__(*args)
-        self.status = status
-
-    def __reduce__(self) -> tuple[object, ...]:  # keep ``status`` across pickling (Ray sends errors between processes)
-        return (_rebuild_engine_error, (type(self), self.args, self.status))
-
-
-def _rebuild_engine_error(cls: type[EngineError], args: tuple[object, ...], status: int | None) -> EngineError:
-    return cls(*args, status=status)
+        self.status = status  # in __dict__, which BaseException's pickling carries (Ray sends errors between processes)
 
 
 class SandboxError(InfrastructureError):

@@ -113,8 +113,9 @@ DEMO: dict[str, Any] = {
 #: the trainer at 2.98 GB (full fine-tuning there 6.33), the whole demo 5.85 GiB of anonymous memory
 #: (docs/results.md#lora-vs-full-fine-tuning-issue-24-item-5)
 LORA: dict[str, Any] = {
-    # the `sft` wordings: the LoRA recipe's rates were found with them. With sft_paren (AMX Xeon model 167, seeds 0-1) the
-    # SFT start was 0.70-0.75 (0.125 with sft on a model-207 host's seed 0) but RL ended at 0.825 and 0.675: not adopted (docs/results.md, LoRA, 2026-12-02)
+    # the `sft` wordings: the LoRA recipe's rates were found with them. With sft_paren (AMX Xeon model 167, seeds
+    # 0-1) the SFT start was 0.70-0.75 (0.125 with sft on a model-207 host's seed 0) but RL ended at 0.825 and 0.675:
+    # not adopted (docs/results.md, LoRA, 2026-12-02)
     "sft": {"family": "sft", "steps": 8, "lr": 1e-3},
     "trainer": {"lora": {"r": 16, "alpha": 32.0}, "optimizer": {"lr": 2e-4}},
 }
